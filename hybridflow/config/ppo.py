@@ -1,0 +1,221 @@
+"""The PPO trainer's config: ``data``, ``critic``, ``reward_model``, ``custom_reward_function``,
+``algorithm``, ``trainer`` and the root :class:`PPOConfig`.
+
+Keys and defaults follow verl's ``ppo_trainer.yaml`` where verl has them; the defaults describe
+the embedded run (one CPU process, SmolLM2-135M-Instruct, GRPO on the built-in arithmetic task).
+Deliberate differences from verl: ``algorithm.adv_estimator`` defaults to grpo and
+``actor_rollout_ref.rollout.n`` to 4 (GRPO needs groups), ``trainer.n_gpus_per_node`` to 1,
+``trainer.logger`` to console only. ``None`` defaults documented as "= <other key>" are filled
+in once at load time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from hybridflow.config.actor_rollout_ref import ActorRolloutRefConfig, Dtype, OptimConfig
+from hybridflow.config.spec import section, setting
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """``data``: prompt datasets and batch size."""
+
+    tokenizer: str | None = setting(None, "tokenizer folder; null = the model's own tokenizer")
+    train_files: tuple[str, ...] = setting(
+        factory=lambda: ("~/data/hybridflow/arithmetic/train.parquet",),
+        help="training parquet/jsonl file(s); the default is the built-in arithmetic task "
+        "(`hybridflow data arithmetic --out ~/data/hybridflow/arithmetic`)",
+    )
+    val_files: tuple[str, ...] = setting(
+        factory=lambda: ("~/data/hybridflow/arithmetic/test.parquet",),
+        help="validation parquet/jsonl file(s); empty = no validation",
+    )
+    prompt_key: str = setting("prompt", "column holding the chat messages of the prompt")
+    reward_fn_key: str = setting("data_source", "column that selects the scoring function")
+    max_prompt_length: int = setting(128, "prompt tokens after templating; prompts are left-padded to it", ge=1)
+    max_response_length: int = setting(128, "max generated tokens per response", ge=1)
+    train_batch_size: int = setting(8, "prompts per training step (each sampled rollout.n times)", ge=1)
+    val_batch_size: int | None = setting(None, "prompts per validation batch; null = the whole validation set", ge=1)
+    return_raw_chat: bool = setting(False, "also return the untemplated messages (for multi-turn / server rollouts)")
+    shuffle: bool = setting(True, "shuffle the training set each epoch")
+    validation_shuffle: bool = setting(False, "shuffle the validation set")
+    seed: int | None = setting(None, "shuffling seed; null = trainer.seed")
+    filter_overlong_prompts: bool = setting(False, "drop prompts longer than max_prompt_length when loading")
+    truncation: Literal["error", "left", "right", "middle"] = setting(
+        "error", "what to do with a prompt longer than max_prompt_length: error, or cut left/right/middle"
+    )
+    max_samples: int = setting(-1, "use only the first N training rows; -1 = all", ge=-1)
+    val_max_samples: int = setting(-1, "use only the first N validation rows; -1 = all", ge=-1)
+    dataloader_num_workers: int = setting(0, "data-loading worker processes; 0 = load in the main process", ge=0)
+    apply_chat_template_kwargs: dict[str, Any] = setting(
+        factory=dict, help="extra keyword arguments for tokenizer.apply_chat_template"
+    )
+
+
+@dataclass(frozen=True)
+class CriticModelConfig:
+    """``critic.model``: the value model (the policy architecture with a scalar head)."""
+
+    path: str | None = setting(None, "critic model; null = actor_rollout_ref.model.path")
+    dtype: Dtype | None = setting(None, "critic dtype: fp32 or bf16; null = actor_rollout_ref.model.dtype")
+    enable_gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    """``critic``: the value function trained for GAE-style estimators."""
+
+    enable: bool | None = setting(None, "train a critic; null = on iff the advantage estimator needs values")
+    strategy: str | None = setting(None, "training engine; null = actor_rollout_ref.actor.strategy")
+    ppo_mini_batch_size: int | None = setting(None, "prompts per critic step; null = the actor's", ge=1)
+    ppo_micro_batch_size_per_gpu: int | None = setting(
+        None, "rows per critic pass on one device; null = the actor's", ge=1
+    )
+    forward_micro_batch_size_per_gpu: int | None = setting(
+        None, "rows per forward pass when computing values; null = ppo_micro_batch_size_per_gpu", ge=1
+    )
+    use_dynamic_bsz: bool | None = setting(None, "token-budget micro-batches; null = the actor's")
+    ppo_max_token_len_per_gpu: int = setting(32768, "token budget of one critic micro-batch", ge=1)
+    forward_max_token_len_per_gpu: int | None = setting(
+        None, "token budget when computing values; null = ppo_max_token_len_per_gpu", ge=1
+    )
+    ppo_epochs: int | None = setting(None, "passes over each batch; null = the actor's", ge=1)
+    shuffle: bool | None = setting(None, "shuffle before mini-batching; null = the actor's")
+    cliprange_value: float = setting(0.5, "value clip range ε_v", gt=0)
+    loss_agg_mode: str | None = setting(None, "value-loss aggregation; null = the actor's loss_agg_mode")
+    grad_clip: float = setting(1.0, "max global gradient norm", gt=0)
+    optim: OptimConfig = section(lambda: OptimConfig(lr=1e-5), "critic optimizer (lr defaults to 1e-5)")
+    model: CriticModelConfig = section(CriticModelConfig, "critic model")
+
+
+@dataclass(frozen=True)
+class OverlongBufferConfig:
+    """``reward_model.overlong_buffer``: DAPO's soft penalty for responses near the length limit."""
+
+    enable: bool = setting(False, "apply the overlong penalty (dapo reward manager)")
+    len: int = setting(0, "buffer length L_buf before max_response_length where the penalty ramps up", ge=0)
+    penalty_factor: float = setting(1.0, "penalty at the length limit", ge=0)
+    log: bool = setting(False, "log the penalty per response")
+
+
+@dataclass(frozen=True)
+class RewardModelConfig:
+    """``reward_model``: how responses are scored."""
+
+    enable: bool = setting(False, "score with a reward model instead of only rule-based functions")
+    reward_manager: str = setting("naive", "reward manager in the registry: naive, batch, dapo, prime")
+    timeout_s: float = setting(10.0, "seconds one scoring call may take before it scores 0", gt=0)
+    num_workers: int = setting(4, "scoring processes of the prime reward manager", ge=1)
+    overlong_buffer: OverlongBufferConfig = section(OverlongBufferConfig, "DAPO overlong penalty")
+
+
+@dataclass(frozen=True)
+class CustomRewardFunctionConfig:
+    """``custom_reward_function``: a user scoring function in a Python file."""
+
+    path: str | None = setting(None, "Python file defining the scoring function; null = default_compute_score")
+    name: str = setting("compute_score", "function name in that file")
+    reward_kwargs: dict[str, Any] = setting(factory=dict, help="extra keyword arguments passed to the function")
+
+
+@dataclass(frozen=True)
+class KLControlConfig:
+    """``algorithm.kl_ctrl``: the coefficient β of in-reward KL."""
+
+    type: Literal["fixed", "adaptive"] = setting("fixed", "fixed β, or adaptive β steered toward target_kl")
+    kl_coef: float = setting(0.001, "β (initial β when adaptive)", ge=0)
+    horizon: int = setting(10000, "adaptive: steps over which β adapts", ge=1)
+    target_kl: float = setting(0.1, "adaptive: KL the controller aims for", gt=0)
+
+
+@dataclass(frozen=True)
+class PFPPOConfig:
+    """``algorithm.pf_ppo``: policy-filtration resampling of rows after advantage estimation."""
+
+    reweight_method: Literal["pow", "max_min", "max_random"] = setting(
+        "pow", "row weights: |score|^weight_pow, max_min, or max_random"
+    )
+    weight_pow: float = setting(2.0, "exponent p of the pow method", gt=0)
+
+
+@dataclass(frozen=True)
+class FilterGroupsConfig:
+    """``algorithm.filter_groups``: DAPO dynamic sampling (drop groups whose scores are all equal)."""
+
+    enable: bool = setting(False, "drop zero-variance groups and sample more prompts until the batch is full")
+    metric: str = setting("score", "per-response metric whose variance decides (e.g. score, acc)")
+    max_num_gen_batches: int = setting(0, "give up after this many generation batches; ≤ 0 = no limit")
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """``algorithm``: advantage estimation and in-reward KL."""
+
+    adv_estimator: str = setting("grpo", "advantage estimator in the registry (gae, grpo, rloo, remax, ...)")
+    gamma: float = setting(1.0, "discount factor γ", ge=0, le=1)
+    lam: float = setting(1.0, "GAE λ", ge=0, le=1)
+    norm_adv_by_std_in_grpo: bool = setting(True, "divide GRPO advantages by the group std (false = Dr.GRPO)")
+    use_kl_in_reward: bool = setting(False, "subtract β·KL(π‖π_ref) from the token rewards")
+    kl_penalty: str = setting("kl", "KL estimator for in-reward KL: kl/k1, abs, mse/k2, low_var_kl/k3")
+    kl_ctrl: KLControlConfig = section(KLControlConfig, "in-reward KL coefficient")
+    use_pf_ppo: bool = setting(False, "resample rows by score after advantage estimation (PF-PPO)")
+    pf_ppo: PFPPOConfig = section(PFPPOConfig, "PF-PPO reweighting")
+    filter_groups: FilterGroupsConfig = section(FilterGroupsConfig, "DAPO dynamic sampling")
+    gdpo_reward_keys: tuple[str, ...] = setting(
+        factory=tuple, help="gdpo: keys of the scorer's dict normalised separately; empty = the score only"
+    )
+    gdpo_reward_weights: tuple[float, ...] = setting(
+        factory=tuple, help="gdpo: weight per reward key; empty = all 1"
+    )
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """``trainer``: the loop, placement, logging and checkpoints."""
+
+    total_epochs: int = setting(1, "passes over the training set", ge=1)
+    total_training_steps: int | None = setting(None, "stop after this many steps; null = total_epochs × batches", ge=1)
+    project_name: str = setting("hybridflow", "project name (logging, checkpoint folder)")
+    experiment_name: str = setting("default", "run name (logging, checkpoint folder)")
+    logger: tuple[str, ...] = setting(
+        factory=lambda: ("console",), help="tracking backends: console, jsonl, tensorboard, wandb"
+    )
+    log_val_generations: int = setting(0, "validation generations written to the log each validation", ge=0)
+    rollout_data_dir: str | None = setting(None, "write each step's prompts, responses and scores as JSONL here")
+    validation_data_dir: str | None = setting(None, "write validation generations as JSONL here")
+    nnodes: int = setting(1, "machines", ge=1)
+    n_gpus_per_node: int = setting(1, "worker processes per machine (GPUs, or CPU processes)", ge=1)
+    device: Literal["auto", "cpu", "cuda"] = setting("auto", "device: auto = cuda if available, else cpu")
+    backend: Literal["local", "ray"] = setting("local", "worker runtime: local (in-process) or ray")
+    ray_address: str | None = setting(None, "address of a running Ray cluster; null = start a local one")
+    seed: int = setting(1, "global seed (model init, sampling, shuffling)")
+    balance_batch: bool = setting(True, "reorder rows so data-parallel ranks get similar token counts")
+    critic_warmup: int = setting(0, "steps that train only the critic before the actor starts", ge=0)
+    val_before_train: bool = setting(True, "validate before the first step")
+    val_only: bool = setting(False, "validate once and exit")
+    test_freq: int = setting(-1, "validate every N steps; ≤ 0 = only at the end", ge=-1)
+    save_freq: int = setting(-1, "checkpoint every N steps; ≤ 0 = never", ge=-1)
+    resume_mode: Literal["auto", "disable", "resume_path"] = setting(
+        "auto", "auto = newest checkpoint in default_local_dir, disable, or resume_path = resume_from_path"
+    )
+    resume_from_path: str | None = setting(None, "checkpoint folder (global_step_N) for resume_mode=resume_path")
+    default_local_dir: str | None = setting(
+        None, "checkpoint root; null = checkpoints/{project_name}/{experiment_name}"
+    )
+    max_actor_ckpt_to_keep: int | None = setting(None, "keep only the newest N actor checkpoints; null = all", ge=1)
+    max_critic_ckpt_to_keep: int | None = setting(None, "keep only the newest N critic checkpoints; null = all", ge=1)
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """Root config of the PPO/GRPO trainer (``python -m hybridflow.trainer.main_ppo``)."""
+
+    data: DataConfig = section(DataConfig, "datasets and batch size")
+    actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig, "policy model: actor, rollout, reference")
+    critic: CriticConfig = section(CriticConfig, "value function")
+    reward_model: RewardModelConfig = section(RewardModelConfig, "scoring")
+    custom_reward_function: CustomRewardFunctionConfig = section(CustomRewardFunctionConfig, "user scoring function")
+    algorithm: AlgorithmConfig = section(AlgorithmConfig, "advantage estimation and KL")
+    trainer: TrainerConfig = section(TrainerConfig, "loop, placement, logging, checkpoints")

@@ -1,0 +1,319 @@
+"""What a loaded PPO config must satisfy, and the derived defaults filled in once at load.
+
+:func:`finalize_ppo_config` runs three phases; each collects every problem before raising, so a
+user sees all mistakes at once:
+
+1. per-key checks: types, declared bounds, and names that must exist in the algorithm registries
+   (advantage estimator, policy loss, aggregation mode, KL estimators);
+2. :func:`resolve_ppo_config`: every ``None`` documented as "= <other key>" gets its value, so
+   consumers read plain values (e.g. ``clip_ratio_low`` is a float, ``critic.enable`` a bool);
+3. cross-key rules (:data:`PPO_RULES`), e.g. batch sizes divide each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TypeVar
+
+from hybridflow.algorithms.advantages import ADV_ESTIMATORS, get_estimator_spec
+from hybridflow.algorithms.aggregation import LOSS_AGG_MODES
+from hybridflow.algorithms.kl import KL_ESTIMATORS
+from hybridflow.algorithms.policy_losses import POLICY_LOSSES
+from hybridflow.algorithms.rollout_correction import ROLLOUT_RS_OPTIONS
+from hybridflow.config.actor_rollout_ref import ActorConfig, ActorRolloutRefConfig, RolloutCorrectionConfig
+from hybridflow.config.build import check_leaves
+from hybridflow.config.errors import ConfigError
+from hybridflow.config.ppo import CriticConfig, PPOConfig, TrainerConfig
+
+_ARR = "actor_rollout_ref"
+_RC = f"{_ARR}.actor.policy_loss.rollout_correction"
+
+T = TypeVar("T")
+
+
+def finalize_ppo_config(cfg: PPOConfig) -> PPOConfig:
+    """Check ``cfg``, fill in derived defaults, check cross-key rules; raise :class:`ConfigError`."""
+    problems = check_leaves(cfg) + check_registry_names(cfg)
+    if problems:
+        raise ConfigError(problems)
+    resolved = resolve_ppo_config(cfg)
+    problems = [p for rule in PPO_RULES for p in rule(resolved)]
+    if problems:
+        raise ConfigError(problems)
+    return resolved
+
+
+# --- phase 1: names that must exist in the algorithm registries ----------------------------
+
+
+def _name_problem(path: str, name: str, valid: list[str] | tuple[str, ...], kind: str) -> list[str]:
+    if name in valid:
+        return []
+    return [f"{path}: unknown {kind} {name!r}; valid names: {', '.join(sorted(valid))}"]
+
+
+def _kl_problem(path: str, name: str) -> list[str]:
+    # A trailing "+" selects the straight-through variant of any registered estimator.
+    valid = KL_ESTIMATORS.names()
+    if name.removesuffix("+") in valid:
+        return []
+    return [f"{path}: unknown KL estimator {name!r}; valid names: {', '.join(valid)} (each also with a '+' suffix)"]
+
+
+def check_registry_names(cfg: PPOConfig) -> list[str]:
+    """Names that select algorithms must be registered (the error lists the valid ones)."""
+    actor = cfg.actor_rollout_ref.actor
+    problems = _name_problem(
+        "algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS.names(), "advantage estimator"
+    )
+    problems += _name_problem(
+        f"{_ARR}.actor.policy_loss.loss_mode", actor.policy_loss.loss_mode, POLICY_LOSSES.names(), "policy loss"
+    )
+    problems += _name_problem(f"{_ARR}.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES, "loss_agg_mode")
+    if cfg.critic.loss_agg_mode is not None:
+        problems += _name_problem("critic.loss_agg_mode", cfg.critic.loss_agg_mode, LOSS_AGG_MODES, "loss_agg_mode")
+    problems += _kl_problem("algorithm.kl_penalty", cfg.algorithm.kl_penalty)
+    problems += _kl_problem(f"{_ARR}.actor.kl_loss_type", actor.kl_loss_type)
+    return problems
+
+
+# --- phase 2: derived defaults ----------------------------------------------------------------
+
+
+def _or(value: T | None, fallback: T) -> T:
+    return fallback if value is None else value
+
+
+def resolve_ppo_config(cfg: PPOConfig) -> PPOConfig:
+    """Fill every "null = <other key>" default; the result has no such ``None`` left."""
+    arr = cfg.actor_rollout_ref
+    world_size = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    actor = _resolve_actor(arr.actor, world_size)
+    rollout = replace(
+        arr.rollout,
+        prompt_length=_or(arr.rollout.prompt_length, cfg.data.max_prompt_length),
+        response_length=_or(arr.rollout.response_length, cfg.data.max_response_length),
+        seed=_or(arr.rollout.seed, cfg.trainer.seed),
+        log_prob_use_dynamic_bsz=_or(arr.rollout.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
+        log_prob_max_token_len_per_gpu=_or(
+            arr.rollout.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu
+        ),
+    )
+    ref = replace(
+        arr.ref,
+        log_prob_use_dynamic_bsz=_or(arr.ref.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
+        log_prob_max_token_len_per_gpu=_or(arr.ref.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu),
+    )
+    new_arr = ActorRolloutRefConfig(model=arr.model, actor=actor, rollout=rollout, ref=ref)
+    needs_values = get_estimator_spec(cfg.algorithm.adv_estimator).needs_values
+    return replace(
+        cfg,
+        data=replace(cfg.data, seed=_or(cfg.data.seed, cfg.trainer.seed)),
+        actor_rollout_ref=new_arr,
+        critic=_resolve_critic(cfg.critic, new_arr, needs_values),
+        trainer=_resolve_trainer(cfg.trainer),
+    )
+
+
+def _resolve_actor(actor: ActorConfig, world_size: int) -> ActorConfig:
+    strategy = actor.strategy
+    if strategy == "auto":
+        strategy = "torch" if world_size == 1 else "fsdp"
+    correction = _resolve_correction(actor.policy_loss.rollout_correction)
+    policy_loss = replace(actor.policy_loss, rollout_correction=correction)
+    return replace(
+        actor,
+        strategy=strategy,
+        clip_ratio_low=_or(actor.clip_ratio_low, actor.clip_ratio),
+        clip_ratio_high=_or(actor.clip_ratio_high, actor.clip_ratio),
+        policy_loss=policy_loss,
+    )
+
+
+def _resolve_correction(rc: RolloutCorrectionConfig) -> RolloutCorrectionConfig:
+    return replace(rc, rollout_rs_threshold=_or(rc.rollout_rs_threshold, rc.rollout_is_threshold))
+
+
+def _resolve_critic(critic: CriticConfig, arr: ActorRolloutRefConfig, needs_values: bool) -> CriticConfig:
+    actor = arr.actor
+    micro = _or(critic.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size_per_gpu)
+    model = replace(
+        critic.model,
+        path=_or(critic.model.path, arr.model.path),
+        dtype=_or(critic.model.dtype, arr.model.dtype),
+    )
+    return replace(
+        critic,
+        enable=_or(critic.enable, needs_values),
+        strategy=_or(critic.strategy, actor.strategy),
+        ppo_mini_batch_size=_or(critic.ppo_mini_batch_size, actor.ppo_mini_batch_size),
+        ppo_micro_batch_size_per_gpu=micro,
+        forward_micro_batch_size_per_gpu=_or(critic.forward_micro_batch_size_per_gpu, micro),
+        use_dynamic_bsz=_or(critic.use_dynamic_bsz, actor.use_dynamic_bsz),
+        forward_max_token_len_per_gpu=_or(critic.forward_max_token_len_per_gpu, critic.ppo_max_token_len_per_gpu),
+        ppo_epochs=_or(critic.ppo_epochs, actor.ppo_epochs),
+        shuffle=_or(critic.shuffle, actor.shuffle),
+        loss_agg_mode=_or(critic.loss_agg_mode, actor.loss_agg_mode),
+        model=model,
+    )
+
+
+def _resolve_trainer(trainer: TrainerConfig) -> TrainerConfig:
+    default_dir = f"checkpoints/{trainer.project_name}/{trainer.experiment_name}"
+    return replace(trainer, default_local_dir=_or(trainer.default_local_dir, default_dir))
+
+
+# --- phase 3: cross-key rules (each takes a resolved config, returns problems) ----------------
+
+
+def _world_size(cfg: PPOConfig) -> int:
+    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+
+
+def _batch_rule(cfg: PPOConfig, role: str, mini: int, micro: int, dynamic: bool) -> list[str]:
+    """mini-batch divides the train batch; the per-device micro-batch divides the per-device mini-batch."""
+    train = cfg.data.train_batch_size
+    n = cfg.actor_rollout_ref.rollout.n
+    world = _world_size(cfg)
+    if train % mini:
+        return [f"{role}.ppo_mini_batch_size={mini} must divide data.train_batch_size={train}"]
+    if (mini * n) % world:
+        return [
+            f"{role}.ppo_mini_batch_size × rollout.n = {mini} × {n} = {mini * n} responses must split evenly "
+            f"over nnodes × n_gpus_per_node = {world} processes"
+        ]
+    per_device = mini * n // world
+    if not dynamic and per_device % micro:
+        return [
+            f"{role}.ppo_micro_batch_size_per_gpu={micro} must divide the per-device mini-batch "
+            f"ppo_mini_batch_size × rollout.n ÷ (nnodes × n_gpus_per_node) = {mini} × {n} ÷ {world} = {per_device}"
+        ]
+    return []
+
+
+def rule_actor_batches(cfg: PPOConfig) -> list[str]:
+    actor = cfg.actor_rollout_ref.actor
+    return _batch_rule(
+        cfg, f"{_ARR}.actor", actor.ppo_mini_batch_size, actor.ppo_micro_batch_size_per_gpu, actor.use_dynamic_bsz
+    )
+
+
+def rule_critic_batches(cfg: PPOConfig) -> list[str]:
+    critic = cfg.critic
+    if not critic.enable:
+        return []
+    return _batch_rule(
+        cfg, "critic", critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz
+    )
+
+
+def rule_groups(cfg: PPOConfig) -> list[str]:
+    name = cfg.algorithm.adv_estimator
+    n = cfg.actor_rollout_ref.rollout.n
+    if get_estimator_spec(name).requires_groups and n <= 1:
+        return [
+            f"algorithm.adv_estimator={name} compares responses to the same prompt, so "
+            f"{_ARR}.rollout.n must be > 1 (got {n})"
+        ]
+    return []
+
+
+def rule_clipping(cfg: PPOConfig) -> list[str]:
+    actor = cfg.actor_rollout_ref.actor
+    if actor.clip_ratio_c <= 1:
+        return [f"{_ARR}.actor.clip_ratio_c must be > 1 (dual-clip lower bound), got {actor.clip_ratio_c}"]
+    return []
+
+
+def rule_policy_loss(cfg: PPOConfig) -> list[str]:
+    actor = cfg.actor_rollout_ref.actor
+    pl = actor.policy_loss
+    problems = []
+    if pl.loss_mode == "dro" and pl.dro_beta <= 0:
+        problems.append(f"{_ARR}.actor.policy_loss.dro_beta must be > 0 for loss_mode=dro, got {pl.dro_beta}")
+    if pl.loss_mode == "bypass_mode" and not cfg.actor_rollout_ref.rollout.calculate_log_probs:
+        problems.append(
+            f"{_ARR}.actor.policy_loss.loss_mode=bypass_mode uses the rollout's log-probs: "
+            f"set {_ARR}.rollout.calculate_log_probs=true"
+        )
+    problems += _rejection_test_problems(pl.rollout_correction.rollout_rs)
+    if pl.clip_cov_lb >= pl.clip_cov_ub:
+        problems.append(
+            f"{_ARR}.actor.policy_loss.clip_cov_lb ({pl.clip_cov_lb}) must be below clip_cov_ub ({pl.clip_cov_ub})"
+        )
+    return problems
+
+
+def _rejection_test_problems(rollout_rs: str | None) -> list[str]:
+    if rollout_rs is None:
+        return []
+    unknown = [test.strip() for test in rollout_rs.split(",") if test.strip() not in ROLLOUT_RS_OPTIONS]
+    if not unknown:
+        return []
+    listed = ", ".join(repr(test) for test in unknown)
+    return [f"{_RC}.rollout_rs: unknown test(s) {listed}; valid: {', '.join(ROLLOUT_RS_OPTIONS)}"]
+
+
+def rule_sampling(cfg: PPOConfig) -> list[str]:
+    rollout = cfg.actor_rollout_ref.rollout
+    problems = []
+    for path, sampling in ((f"{_ARR}.rollout", rollout), (f"{_ARR}.rollout.val_kwargs", rollout.val_kwargs)):
+        if sampling.do_sample and sampling.temperature == 0:
+            problems.append(
+                f"{path}.temperature must be > 0 when {path}.do_sample=true (for greedy decoding set do_sample=false)"
+            )
+    return problems
+
+
+def rule_optim(cfg: PPOConfig) -> list[str]:
+    problems = []
+    optims = ((f"{_ARR}.actor.optim", cfg.actor_rollout_ref.actor.optim), ("critic.optim", cfg.critic.optim))
+    for path, optim in optims:
+        if len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas):
+            problems.append(f"{path}.betas must be two numbers in [0, 1), got {list(optim.betas)}")
+    return problems
+
+
+def rule_data(cfg: PPOConfig) -> list[str]:
+    problems = []
+    for key in ("max_samples", "val_max_samples"):
+        if getattr(cfg.data, key) == 0:
+            problems.append(f"data.{key} must be -1 (all rows) or ≥ 1, got 0")
+    if not cfg.data.train_files:
+        problems.append("data.train_files must name at least one file")
+    return problems
+
+
+def rule_algorithm(cfg: PPOConfig) -> list[str]:
+    algo = cfg.algorithm
+    if algo.gdpo_reward_weights and len(algo.gdpo_reward_weights) != len(algo.gdpo_reward_keys):
+        return [
+            f"algorithm.gdpo_reward_weights has {len(algo.gdpo_reward_weights)} entries but "
+            f"algorithm.gdpo_reward_keys has {len(algo.gdpo_reward_keys)}; give one weight per key (or none)"
+        ]
+    return []
+
+
+def rule_trainer(cfg: PPOConfig) -> list[str]:
+    trainer = cfg.trainer
+    problems = []
+    if trainer.resume_mode == "resume_path" and not trainer.resume_from_path:
+        problems.append("trainer.resume_from_path must be set when trainer.resume_mode=resume_path")
+    if trainer.backend == "local" and trainer.nnodes > 1:
+        problems.append(f"trainer.nnodes={trainer.nnodes} needs trainer.backend=ray (local runs on one machine)")
+    return problems
+
+
+PPO_RULES: tuple[Callable[[PPOConfig], list[str]], ...] = (
+    rule_actor_batches,
+    rule_critic_batches,
+    rule_groups,
+    rule_clipping,
+    rule_policy_loss,
+    rule_sampling,
+    rule_optim,
+    rule_data,
+    rule_algorithm,
+    rule_trainer,
+)

@@ -1,0 +1,179 @@
+"""verl keys that hybridflow accepts without using, and verl keys that have a new name here.
+
+A verl command line or YAML file often sets keys that only matter to verl's GPU stack (vLLM
+memory, tensor parallelism, FSDP offload, profilers, ...). They do not change what is learned,
+so loading accepts them with a one-line ``ignored: ...`` warning instead of failing. A key that
+is neither ours nor listed here is an error.
+
+A few verl features that do change results are not implemented here; their keys are accepted
+only while they are switched off (null, false, empty), so verl's own defaults load, and any real
+use is an error that says so.
+
+Patterns are dotted keys; ``*`` matches any run of characters (dots included), and a pattern
+ending in ``.*`` also matches the section itself.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class IgnoredKey:
+    pattern: str
+    reason: str
+    only_when_off: bool = False  # True: an unsupported feature, accepted only while switched off
+
+
+_ARR = "actor_rollout_ref"
+
+VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
+    IgnoredKey("*._target_", "verl's Hydra instantiation target"),
+    IgnoredKey("defaults", "Hydra defaults list"),
+    IgnoredKey("hydra.*", "Hydra runtime settings"),
+    IgnoredKey("*.fsdp_config.*", "FSDP wrapping/offload knobs; hybridflow's engines choose their own sharding"),
+    IgnoredKey("*.megatron.*", "Megatron-LM settings; no Megatron engine here"),
+    IgnoredKey("*.profiler.*", "verl profiler settings"),
+    IgnoredKey("global_profiler.*", "verl profiler settings"),
+    IgnoredKey("*.checkpoint.*", "checkpoint contents are always model + optimizer + extra state"),
+    IgnoredKey("*.use_remove_padding", "padding-free kernels; a speed option only"),
+    IgnoredKey("*.use_fused_kernels", "fused kernels; a speed option only"),
+    IgnoredKey("*.fused_kernel_options.*", "fused kernels; a speed option only"),
+    IgnoredKey("*.use_liger", "Liger kernels; a speed option only"),
+    IgnoredKey("*.use_shm", "shared-memory model loading; a speed option only"),
+    IgnoredKey("*.use_torch_compile", "torch.compile of the loss; a speed option only"),
+    IgnoredKey("*.ulysses_sequence_parallel_size", "sequence parallelism is not implemented; memory option only"),
+    IgnoredKey("*.enable_activation_offload", "activation offload; a memory option only"),
+    IgnoredKey("*.entropy_checkpointing", "entropy recomputation; a memory option only"),
+    IgnoredKey("*.override_config.*", "HF config overrides are not applied"),
+    IgnoredKey("*.external_lib", "custom-model import hook not supported"),
+    IgnoredKey("*.optim.total_training_steps", "derived from trainer.total_training_steps"),
+    IgnoredKey("*.optim.clip_grad", "use *.grad_clip"),
+    IgnoredKey(f"{_ARR}.hybrid_engine", "actor, rollout and reference always share the policy model"),
+    IgnoredKey(f"{_ARR}.nccl_timeout", "collective timeout of verl's NCCL groups"),
+    IgnoredKey(f"{_ARR}.actor.ppo_micro_batch_size", "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu"),
+    IgnoredKey(f"{_ARR}.ref.strategy", "the reference runs on the actor's engine"),
+    IgnoredKey(f"{_ARR}.ref.model", "the reference is the initial policy model"),
+    IgnoredKey(f"{_ARR}.ref.entropy_from_logits_with_chunking", "the reference computes no entropy"),
+    IgnoredKey(f"{_ARR}.*.log_prob_micro_batch_size", "deprecated global micro-batch; use *_per_gpu"),
+    IgnoredKey(f"{_ARR}.rollout.mode", "vLLM/SGLang sync or async server mode"),
+    IgnoredKey(f"{_ARR}.rollout.dtype", "the rollout uses actor_rollout_ref.model.dtype"),
+    IgnoredKey(f"{_ARR}.rollout.gpu_memory_utilization", "vLLM/SGLang KV-cache memory share"),
+    IgnoredKey(f"{_ARR}.rollout.tensor_model_parallel_size", "inference tensor parallelism"),
+    IgnoredKey(f"{_ARR}.rollout.data_parallel_size", "inference data parallelism"),
+    IgnoredKey(f"{_ARR}.rollout.expert_parallel_size", "inference expert parallelism"),
+    IgnoredKey(f"{_ARR}.rollout.pipeline_model_parallel_size", "inference pipeline parallelism"),
+    IgnoredKey(f"{_ARR}.rollout.enforce_eager", "vLLM CUDA-graph switch"),
+    IgnoredKey(f"{_ARR}.rollout.cudagraph_capture_sizes", "vLLM CUDA-graph sizes"),
+    IgnoredKey(f"{_ARR}.rollout.free_cache_engine", "vLLM KV-cache release between steps"),
+    IgnoredKey(f"{_ARR}.rollout.load_format", "vLLM weight-loading format"),
+    IgnoredKey(f"{_ARR}.rollout.layered_summon", "FSDP→vLLM layer-wise weight gathering"),
+    IgnoredKey(f"{_ARR}.rollout.max_num_batched_tokens", "vLLM scheduler budget"),
+    IgnoredKey(f"{_ARR}.rollout.max_model_len", "vLLM context length"),
+    IgnoredKey(f"{_ARR}.rollout.max_num_seqs", "vLLM scheduler limit"),
+    IgnoredKey(f"{_ARR}.rollout.enable_chunked_prefill", "vLLM scheduler option"),
+    IgnoredKey(f"{_ARR}.rollout.enable_prefix_caching", "vLLM cache option"),
+    IgnoredKey(f"{_ARR}.rollout.disable_log_stats", "vLLM logging"),
+    IgnoredKey(f"{_ARR}.rollout.engine_kwargs.*", "extra vLLM/SGLang engine arguments"),
+    IgnoredKey(f"{_ARR}.rollout.over_sample_rate", "async over-sampling"),
+    IgnoredKey(f"{_ARR}.rollout.multi_stage_wake_up", "vLLM sleep/wake staging"),
+    IgnoredKey(f"{_ARR}.rollout.agent.*", "verl's async agent-loop server settings"),
+    IgnoredKey(f"{_ARR}.rollout.trace.*", "rollout tracing"),
+    IgnoredKey(f"{_ARR}.rollout.skip_rollout", "rollout dump/replay debugging"),
+    IgnoredKey(f"{_ARR}.rollout.skip_dump_dir", "rollout dump/replay debugging"),
+    IgnoredKey(f"{_ARR}.rollout.checkpoint_engine.*", "verl weight-transfer engine"),
+    IgnoredKey("critic.rollout_n", "taken from actor_rollout_ref.rollout.n"),
+    IgnoredKey("critic.ppo_micro_batch_size", "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu"),
+    IgnoredKey("critic.forward_micro_batch_size", "deprecated global micro-batch; use *_per_gpu"),
+    IgnoredKey("critic.model.tokenizer_path", "the critic uses the policy's tokenizer"),
+    IgnoredKey("critic.model.trust_remote_code", "taken from actor_rollout_ref.model.trust_remote_code"),
+    IgnoredKey("critic.model.lora_rank", "the critic is trained in full"),
+    IgnoredKey("critic.model.lora_alpha", "the critic is trained in full"),
+    IgnoredKey("critic.model.target_modules", "the critic is trained in full"),
+    IgnoredKey("reward_model.strategy", "reward-model engine settings"),
+    IgnoredKey("reward_model.micro_batch_size", "reward-model engine settings"),
+    IgnoredKey("reward_model.micro_batch_size_per_gpu", "reward-model engine settings"),
+    IgnoredKey("reward_model.use_dynamic_bsz", "reward-model engine settings"),
+    IgnoredKey("reward_model.forward_max_token_len_per_gpu", "reward-model engine settings"),
+    IgnoredKey("reward_model.max_length", "reward-model engine settings"),
+    IgnoredKey("reward_model.launch_reward_fn_async", "scoring overlaps nothing here; a speed option only"),
+    IgnoredKey("reward_model.sandbox_fusion.*", "remote code-execution sandbox not supported"),
+    IgnoredKey("data.use_shm", "shared-memory data loading; a speed option only"),
+    IgnoredKey("data.return_raw_input_ids", "raw input ids are only needed with a separate reward-model tokenizer"),
+    IgnoredKey("data.return_full_prompt", "verl debugging field"),
+    IgnoredKey("data.filter_overlong_prompts_workers", "filtering runs in one process"),
+    IgnoredKey("data.image_key", "multi-modal data not supported"),
+    IgnoredKey("data.video_key", "multi-modal data not supported"),
+    IgnoredKey("data.return_multi_modal_inputs", "multi-modal data not supported"),
+    IgnoredKey("trainer.esi_redundant_time", "elastic-server checkpoint timing"),
+    IgnoredKey("trainer.default_hdfs_dir", "HDFS checkpoint upload"),
+    IgnoredKey("trainer.del_local_ckpt_after_load", "HDFS checkpoint handling"),
+    IgnoredKey("trainer.ray_wait_register_center_timeout", "verl's Ray registration timeout"),
+    IgnoredKey("trainer.use_legacy_worker_impl", "verl worker implementation switch"),
+    IgnoredKey("trainer.profile_steps", "verl profiler settings"),
+    IgnoredKey("trainer.profile_continuous_steps", "verl profiler settings"),
+    IgnoredKey("trainer.controller_nsight_options.*", "Nsight profiler settings"),
+    IgnoredKey("trainer.worker_nsight_options.*", "Nsight profiler settings"),
+    IgnoredKey("trainer.npu_profile.*", "NPU profiler settings"),
+    IgnoredKey("ray_init.*", "Ray start-up options (use trainer.ray_address for a running cluster)"),
+    IgnoredKey("ray_kwargs.*", "Ray start-up options (use trainer.ray_address for a running cluster)"),
+    IgnoredKey("transfer_queue.*", "verl data-transfer service"),
+    IgnoredKey("data.trust_remote_code", "uses actor_rollout_ref.model.trust_remote_code"),
+    IgnoredKey("reward_model.model.*", "reward-model weights (model-based rewards are not implemented)"),
+    IgnoredKey("data.custom_cls.*", "custom dataset classes are not supported", only_when_off=True),
+    IgnoredKey("data.sampler.*", "custom samplers are not supported", only_when_off=True),
+    IgnoredKey("data.datagen.*", "dynamic data generation is not supported", only_when_off=True),
+    IgnoredKey(f"{_ARR}.model.exclude_modules", "LoRA module exclusion is not supported", only_when_off=True),
+    IgnoredKey(
+        "algorithm.rollout_correction.*",
+        "rollout correction is configured under actor_rollout_ref.actor.policy_loss.rollout_correction "
+        "with loss_mode=bypass_mode",
+        only_when_off=True,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class RenamedKey:
+    pattern: str
+    new_name: str  # replaces the last component of the matched key
+
+
+VERL_RENAMED_KEYS: tuple[RenamedKey, ...] = (RenamedKey("*.optim.warmup_style", "lr_scheduler_type"),)
+
+
+def _matches(path: str, pattern: str) -> bool:
+    if pattern.endswith(".*") and path == pattern[:-2]:
+        return True
+    if fnmatch.fnmatchcase(path, pattern):
+        return True
+    # A section-level pattern also covers the section itself when its prefix has wildcards.
+    return pattern.endswith(".*") and fnmatch.fnmatchcase(path, pattern[:-2])
+
+
+def find_ignored(path: str) -> IgnoredKey | None:
+    """The entry listing ``path`` (a verl key hybridflow does not use), or None if it is not listed."""
+    for entry in VERL_IGNORED_KEYS:
+        if _matches(path, entry.pattern):
+            return entry
+    return None
+
+
+def is_off(value: object) -> bool:
+    """True for a value that leaves a feature switched off: null, false, empty, or a map of those."""
+    if value is None or value is False:
+        return True
+    if isinstance(value, (list, tuple, str)):
+        return len(value) == 0
+    if isinstance(value, dict):
+        return all(is_off(v) for v in value.values())
+    return False
+
+
+def renamed_to(path: str) -> str | None:
+    """The new last component for a renamed verl key, or None."""
+    for entry in VERL_RENAMED_KEYS:
+        if fnmatch.fnmatchcase(path, entry.pattern):
+            return entry.new_name
+    return None
