@@ -1,0 +1,33 @@
+"""Built-in tasks behind one registry: ``TASKS.get("arithmetic").build(args)``.
+
+Each task module holds its generator (callable from Python) and a :class:`TaskSpec` for the
+data CLI. The scorers live with the rewards (``hybridflow/workers/reward/scores/``) and are
+selected by each row's ``data_source``.
+"""
+
+from __future__ import annotations
+
+from hybridflow.data.tasks import arithmetic, countdown, gsm8k
+from hybridflow.data.tasks.arithmetic import ArithmeticSettings, generate_arithmetic
+from hybridflow.data.tasks.common import TaskSpec, make_row, write_task
+from hybridflow.data.tasks.countdown import CountdownSettings, generate_countdown
+from hybridflow.data.tasks.gsm8k import convert_gsm8k, convert_gsm8k_rows
+from hybridflow.utils.registry import Registry
+
+TASKS: Registry[TaskSpec] = Registry("built-in task")
+TASKS.add(arithmetic.TASK.name, arithmetic.TASK)
+TASKS.add(countdown.TASK.name, countdown.TASK)
+TASKS.add(gsm8k.TASK.name, gsm8k.TASK)
+
+__all__ = [
+    "TASKS",
+    "TaskSpec",
+    "ArithmeticSettings",
+    "CountdownSettings",
+    "convert_gsm8k",
+    "convert_gsm8k_rows",
+    "generate_arithmetic",
+    "generate_countdown",
+    "make_row",
+    "write_task",
+]

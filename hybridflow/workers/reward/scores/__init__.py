@@ -1,0 +1,66 @@
+"""Scoring functions by ``data_source``, and ``default_compute_score`` that dispatches on it.
+
+The contract (verl's): ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``
+returns a float, or a dict with at least ``"score"`` (other keys are logged). Each entry of
+``SCORERS`` is the per-source part, ``fn(solution_str, ground_truth, extra_info)``. Add a data
+source with ``SCORERS.add("my/source", fn)`` or point ``custom_reward_function.path`` at a file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hybridflow.data.tasks.arithmetic import DATA_SOURCE as ARITHMETIC_SOURCE
+from hybridflow.data.tasks.countdown import DATA_SOURCE as COUNTDOWN_SOURCE
+from hybridflow.data.tasks.gsm8k import DATA_SOURCE as GSM8K_SOURCE
+from hybridflow.utils.registry import Registry
+from hybridflow.workers.reward.scores import arithmetic, boxed, countdown, gsm8k
+
+ScoreResult = float | dict[str, Any]
+Scorer = Callable[[str, Any, "dict | None"], ScoreResult]
+
+# MATH-style sources scored by their last \boxed{} answer
+MATH_SOURCES: tuple[str, ...] = (
+    "lighteval/MATH",
+    "DigitalLearningGmbH/MATH-lighteval",
+    "HuggingFaceH4/MATH-500",
+    "math",
+)
+
+SCORERS: Registry[Scorer] = Registry("scorer for data_source")
+SCORERS.add(GSM8K_SOURCE, gsm8k.compute_score)
+for _source in MATH_SOURCES:
+    SCORERS.add(_source, boxed.compute_score)
+SCORERS.add(ARITHMETIC_SOURCE, arithmetic.compute_score)
+SCORERS.add(COUNTDOWN_SOURCE, countdown.compute_score)
+
+
+def default_compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+) -> ScoreResult:
+    """Score one response with the scorer registered for ``data_source``.
+
+    An unknown source raises ``ValueError`` listing the known ones.
+    """
+    return SCORERS.get(data_source)(solution_str, ground_truth, extra_info)
+
+
+def default_compute_score_batch(
+    data_sources: list[str], solution_strs: list[str], ground_truths: list[Any], extra_infos: list[dict | None]
+) -> list[float | dict[str, Any]]:
+    """The batch form (for the ``batch`` manager): one result per item.
+
+    An item whose scorer raises gets ``nan``, which the reward manager counts as that item's
+    error (score 0) instead of failing the whole batch.
+    """
+    results: list[float | dict[str, Any]] = []
+    for source, solution, truth, extra in zip(data_sources, solution_strs, ground_truths, extra_infos, strict=True):
+        try:
+            results.append(default_compute_score(source, solution, truth, extra))
+        except Exception:  # noqa: BLE001 - reported per item as nan, see docstring
+            results.append(float("nan"))
+    return results
+
+
+__all__ = ["MATH_SOURCES", "SCORERS", "default_compute_score", "default_compute_score_batch"]

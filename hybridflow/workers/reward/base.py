@@ -1,0 +1,218 @@
+"""What every reward manager does: decode responses, score them safely, place scores on tokens.
+
+A reward manager is called on a batch after rollout (a ``DataProto`` with ``responses``, an
+``attention_mask`` over prompt + response or a ``response_mask``, and the non-tensors
+``data_source`` / ``reward_model`` / ``extra_info``) and returns
+
+    (reward_tensor, reward_extra_info)
+
+``reward_tensor`` is ``(B, T)`` float32, all zeros except the item's score at its last valid
+response token (position ``len_i - 1``; position 0 for an empty response).
+``reward_extra_info`` maps names to per-item lists (see ``outcomes.py``).
+
+Subclasses change one of two hooks: :meth:`RewardManager.score_items` (how scores are
+computed) or :meth:`RewardManager.adjust` (what is added to them afterwards).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hybridflow import fields as F
+from hybridflow.utils.registry import Registry
+from hybridflow.workers.reward.executors import OK, run_calls
+from hybridflow.workers.reward.outcomes import ScoreOutcome, collect_extra_info, to_outcome
+from hybridflow.workers.reward.scores import SCORERS, default_compute_score
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 10.0  # = reward_model.timeout_s default
+GROUND_TRUTH = "ground_truth"
+REWARD_MANAGERS: Registry[type["RewardManager"]] = Registry("reward manager")
+
+
+@dataclass(frozen=True)
+class ScoreItem:
+    """One decoded response and what it is scored against."""
+
+    data_source: str
+    prompt_str: str
+    response_str: str
+    response_length: int
+    ground_truth: Any
+    extra_info: dict[str, Any] | None
+
+
+def response_lengths(data: Any) -> torch.Tensor:
+    """``(B,)`` long: index of the last valid response token + 1 (0 if none).
+
+    Uses the response part of ``attention_mask`` if present, else ``response_mask``; taking
+    the last 1 rather than the sum keeps multi-turn masks (0 on tool output) correct.
+    """
+    batch = data.batch
+    width = batch[F.RESPONSES].shape[-1]
+    if F.ATTENTION_MASK in batch.keys():
+        mask = batch[F.ATTENTION_MASK][:, -width:]
+    elif F.RESPONSE_MASK in batch.keys():
+        mask = batch[F.RESPONSE_MASK]
+    else:
+        raise KeyError(f"reward manager needs {F.ATTENTION_MASK!r} or {F.RESPONSE_MASK!r} in the batch")
+    positions = torch.arange(1, width + 1, device=mask.device).expand_as(mask)
+    return (positions * (mask > 0)).max(dim=-1).values.long()
+
+
+def _prompt_strings(data: Any, tokenizer: Any) -> list[str]:
+    batch = data.batch
+    if F.PROMPTS not in batch.keys():
+        return [""] * len(batch[F.RESPONSES])
+    prompts = batch[F.PROMPTS]
+    width = prompts.shape[-1]
+    if F.ATTENTION_MASK in batch.keys():
+        lengths = batch[F.ATTENTION_MASK][:, :width].sum(-1).tolist()
+        ids = [row[width - n :].tolist() for row, n in zip(prompts, lengths)]
+    else:
+        ids = prompts.tolist()
+    return tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+
+def decode_items(data: Any, tokenizer: Any, reward_fn_key: str = F.DATA_SOURCE) -> list[ScoreItem]:
+    """The batch as :class:`ScoreItem` s: valid response tokens decoded without special tokens."""
+    responses = data.batch[F.RESPONSES]
+    lengths = response_lengths(data).tolist()
+    texts = tokenizer.batch_decode([row[:n].tolist() for row, n in zip(responses, lengths)], skip_special_tokens=True)
+    prompts = _prompt_strings(data, tokenizer)
+    non_tensor = data.non_tensor_batch
+    for key in (reward_fn_key, F.REWARD_MODEL):
+        if key not in non_tensor:
+            raise KeyError(f"reward manager needs the non-tensor {key!r} in the batch (has: {sorted(non_tensor)})")
+    extra_infos = non_tensor[F.EXTRA_INFO] if F.EXTRA_INFO in non_tensor else [None] * len(texts)
+    items = []
+    for i, (text, n) in enumerate(zip(texts, lengths)):
+        reward_model = non_tensor[F.REWARD_MODEL][i]
+        if not isinstance(reward_model, dict) or GROUND_TRUTH not in reward_model:
+            raise ValueError(f"row {i}: {F.REWARD_MODEL} must be a dict with {GROUND_TRUTH!r}, got {reward_model!r}")
+        items.append(
+            ScoreItem(str(non_tensor[reward_fn_key][i]), prompts[i], text, n, reward_model[GROUND_TRUTH], extra_infos[i])
+        )
+    return items
+
+
+def place_scores(scores: torch.Tensor, lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """``(B, width)`` zeros with ``scores[i]`` at ``max(lengths[i] - 1, 0)``."""
+    reward = torch.zeros(len(scores), width, dtype=torch.float32)
+    positions = torch.clamp(lengths.long() - 1, min=0)
+    reward[torch.arange(len(scores)), positions] = scores.to(torch.float32)
+    return reward
+
+
+class RewardManager:
+    """Rule-based reward, one scorer call per item (the ``naive`` behaviour).
+
+    Args:
+        tokenizer: decodes responses (special tokens skipped).
+        compute_score: ``fn(data_source, solution_str, ground_truth, extra_info)`` → float or
+            dict with ``score``; default :func:`default_compute_score`.
+        num_examine: print this many decoded samples per data source on each call.
+        reward_fn_key: non-tensor column naming each row's data source.
+        timeout_s: per-call limit (``None``: none). A call past it scores 0 (``reward/timeouts``).
+        executor: ``process`` | ``thread`` | ``inline`` (see ``executors.py``).
+        num_workers: parallel scoring processes / threads.
+    """
+
+    default_compute_score: Callable[..., Any] = staticmethod(default_compute_score)
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        compute_score: Callable[..., Any] | None = None,
+        num_examine: int = 0,
+        reward_fn_key: str = F.DATA_SOURCE,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        executor: str = "process",
+        num_workers: int = 1,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.compute_score = compute_score if compute_score is not None else self.default_compute_score
+        self.uses_default_scorer = compute_score is None
+        self.num_examine = num_examine
+        self.reward_fn_key = reward_fn_key
+        self.timeout_s = timeout_s
+        self.executor = executor
+        self.num_workers = num_workers
+        self._faults_logged: set[str] = set()
+
+    def __call__(self, data: Any) -> tuple[torch.Tensor, dict[str, list[Any]]]:
+        items = decode_items(data, self.tokenizer, self.reward_fn_key)
+        if self.uses_default_scorer:
+            _check_known_sources(items)
+        outcomes = self.score_items(items)
+        self._log_first_faults(items, outcomes)
+        scores, extra = self.adjust(items, outcomes)
+        lengths = torch.tensor([item.response_length for item in items], dtype=torch.long)
+        reward = place_scores(torch.tensor(scores, dtype=torch.float32), lengths, data.batch[F.RESPONSES].shape[-1])
+        info = {**collect_extra_info(outcomes), **extra}
+        self._examine(items, scores)
+        return reward, info
+
+    def score_items(self, items: list[ScoreItem]) -> list[ScoreOutcome]:
+        """One ``compute_score`` call per item, contained by the executor."""
+        calls = [
+            {"data_source": it.data_source, "solution_str": it.response_str,
+             "ground_truth": it.ground_truth, "extra_info": it.extra_info}
+            for it in items
+        ]
+        results = run_calls(
+            self.compute_score, calls, executor=self.executor, timeout_s=self.timeout_s, num_workers=self.num_workers
+        )
+        return [to_outcome(result) for result in results]
+
+    def adjust(self, items: list[ScoreItem], outcomes: list[ScoreOutcome]) -> tuple[list[float], dict[str, list[Any]]]:
+        """Final per-item rewards and extra-info columns to add; here the scores unchanged."""
+        return [o.score for o in outcomes], {}
+
+    def _log_first_faults(self, items: list[ScoreItem], outcomes: list[ScoreOutcome]) -> None:
+        for item, outcome in zip(items, outcomes):
+            if outcome.status == OK or outcome.status in self._faults_logged:
+                continue
+            self._faults_logged.add(outcome.status)
+            logger.warning(
+                "reward scoring %s (data_source=%s), item scored 0: %s. Further %ss are counted in "
+                "reward/errors / reward/timeouts but not logged again.",
+                outcome.status, item.data_source, outcome.message, outcome.status,
+            )
+
+    def _examine(self, items: list[ScoreItem], scores: list[float]) -> None:
+        shown: dict[str, int] = {}
+        for item, score in zip(items, scores):
+            if shown.setdefault(item.data_source, 0) >= self.num_examine:
+                continue
+            shown[item.data_source] += 1
+            print(f"[prompt] {item.prompt_str}\n[response] {item.response_str}\n"
+                  f"[ground_truth] {item.ground_truth}\n[score] {score}")
+
+
+def _check_known_sources(items: list[ScoreItem]) -> None:
+    unknown = sorted({it.data_source for it in items if it.data_source not in SCORERS})
+    if unknown:
+        raise ValueError(
+            f"no built-in scorer for data_source {', '.join(map(repr, unknown))}; known: {', '.join(SCORERS.names())}. "
+            "Set custom_reward_function.path to a file with compute_score(data_source, solution_str, "
+            "ground_truth, extra_info=None)."
+        )
+
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "REWARD_MANAGERS",
+    "RewardManager",
+    "ScoreItem",
+    "decode_items",
+    "place_scores",
+    "response_lengths",
+]

@@ -1,0 +1,45 @@
+"""The ``batch`` reward manager: one scorer call with lists for the whole batch.
+
+The scorer is ``fn(data_sources, solution_strs, ground_truths, extra_infos)`` returning a list
+with one float-or-dict per item (default: :func:`default_compute_score_batch`). If the call
+raises, hangs past ``timeout_s`` or returns something other than a list of that length,
+every item of the batch scores 0 and is counted; an invalid single entry only fails its item.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from hybridflow.workers.reward.base import REWARD_MANAGERS, RewardManager, ScoreItem
+from hybridflow.workers.reward.executors import ERROR, OK, CallResult, run_calls
+from hybridflow.workers.reward.outcomes import ScoreOutcome, to_outcome
+from hybridflow.workers.reward.scores import default_compute_score_batch
+
+
+@REWARD_MANAGERS.register("batch")
+class BatchRewardManager(RewardManager):
+    """See the module docstring; arguments as :class:`RewardManager`."""
+
+    default_compute_score: Callable[..., Any] = staticmethod(default_compute_score_batch)
+
+    def score_items(self, items: list[ScoreItem]) -> list[ScoreOutcome]:
+        call = {
+            "data_sources": [it.data_source for it in items],
+            "solution_strs": [it.response_str for it in items],
+            "ground_truths": [it.ground_truth for it in items],
+            "extra_infos": [it.extra_info for it in items],
+        }
+        [result] = run_calls(self.compute_score, [call], executor=self.executor, timeout_s=self.timeout_s)
+        if result.status != OK:
+            return [ScoreOutcome(0.0, result.status, message=result.message)] * len(items)
+        values = result.value
+        if not isinstance(values, (list, tuple, np.ndarray)) or len(values) != len(items):
+            message = (
+                f"batch scorer must return a list of {len(items)} results, got {type(values).__name__}"
+                + (f" of length {len(values)}" if hasattr(values, "__len__") else "")
+            )
+            return [ScoreOutcome(0.0, ERROR, message=message)] * len(items)
+        return [to_outcome(CallResult(OK, value)) for value in values]

@@ -1,0 +1,87 @@
+"""From raw scorer results to scores: validation, per-item extra info and fault metrics.
+
+A scorer may return a real number or a dict with a real ``"score"``. Anything else (another
+type, a missing ``score``, NaN or ±inf) is an error for that item, like an exception: the item
+scores 0 and is counted. Per-item flags ``reward_error`` / ``reward_timeout`` (1.0 or 0.0) go
+into the extra info of every batch; :func:`reward_fault_metrics` sums them into the step
+metrics ``reward/errors`` and ``reward/timeouts``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridflow.workers.reward.executors import ERROR, OK, TIMEOUT, CallResult
+
+SCORE = "score"
+REWARD_ERROR = "reward_error"
+REWARD_TIMEOUT = "reward_timeout"
+
+
+class ScoreTypeError(TypeError):
+    """A scorer returned something that is not a finite number or a dict with one under ``score``."""
+
+
+@dataclass(frozen=True)
+class ScoreOutcome:
+    """One item's scoring result: ``score`` is 0.0 unless ``status == "ok"``."""
+
+    score: float
+    status: str
+    extra: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+
+
+def _finite(value: Any, what: str) -> float:
+    if not isinstance(value, numbers.Real):
+        raise ScoreTypeError(f"{what} must be a real number, got {type(value).__name__}: {value!r:.80}")
+    result = float(value)
+    if not math.isfinite(result):
+        raise ScoreTypeError(f"{what} is {result}, not a finite number")
+    return result
+
+
+def normalize_result(value: Any) -> tuple[float, dict[str, Any]]:
+    """``(score, extra)`` from a scorer's return value; raises :class:`ScoreTypeError` if invalid.
+
+    ``extra`` holds every key of a dict result (``score`` included, as a float), else ``{}``.
+    """
+    if isinstance(value, dict):
+        if SCORE not in value:
+            raise ScoreTypeError(f"scorer returned a dict without 'score' (keys: {sorted(value)})")
+        score = _finite(value[SCORE], "the 'score' entry")
+        return score, {**value, SCORE: score}
+    return _finite(value, "the score"), {}
+
+
+def to_outcome(result: CallResult) -> ScoreOutcome:
+    """Validate one :class:`CallResult` into a :class:`ScoreOutcome`."""
+    if result.status != OK:
+        return ScoreOutcome(0.0, result.status, message=result.message)
+    try:
+        score, extra = normalize_result(result.value)
+    except ScoreTypeError as exc:
+        return ScoreOutcome(0.0, ERROR, message=str(exc))
+    return ScoreOutcome(score, OK, extra)
+
+
+def collect_extra_info(outcomes: list[ScoreOutcome]) -> dict[str, list[Any]]:
+    """Per-item lists: every key any dict result had (``None`` where an item lacks it) plus fault flags."""
+    keys: dict[str, None] = {}
+    for outcome in outcomes:
+        keys.update(dict.fromkeys(outcome.extra))
+    info: dict[str, list[Any]] = {key: [o.extra.get(key) for o in outcomes] for key in keys}
+    info[REWARD_ERROR] = [1.0 if o.status == ERROR else 0.0 for o in outcomes]
+    info[REWARD_TIMEOUT] = [1.0 if o.status == TIMEOUT else 0.0 for o in outcomes]
+    return info
+
+
+def reward_fault_metrics(reward_extra_info: dict[str, list[Any]]) -> dict[str, float]:
+    """``{"reward/errors": n, "reward/timeouts": m}`` for one step's reward extra info."""
+    return {
+        "reward/errors": float(sum(reward_extra_info[REWARD_ERROR])),
+        "reward/timeouts": float(sum(reward_extra_info[REWARD_TIMEOUT])),
+    }

@@ -1,0 +1,182 @@
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import pytest
+import torch
+
+from hybridflow.workers.reward import (
+    REWARD_MANAGERS,
+    BatchRewardManager,
+    DAPORewardManager,
+    NaiveRewardManager,
+    PrimeRewardManager,
+    build_reward_manager,
+    overlong_penalty,
+    place_scores,
+    reward_fault_metrics,
+)
+
+RESPONSES = ["23 + 45 = 68\n#### 68", "It is 7.", "#### 3"]
+TRUTHS = ["68", "7", "2"]
+
+
+def _expected(lengths, scores, width):
+    reward = torch.zeros(len(lengths), width)
+    for i, (n, s) in enumerate(zip(lengths, scores)):
+        reward[i, n - 1] = s
+    return reward
+
+
+def test_registry_names():
+    assert REWARD_MANAGERS.names() == ["batch", "dapo", "naive", "prime"]
+    with pytest.raises(ValueError, match="unknown reward manager 'fancy'; valid names: batch, dapo, naive, prime"):
+        build_reward_manager("fancy", None)
+
+
+def test_place_scores():
+    reward = place_scores(torch.tensor([1.0, 0.5, 2.0]), torch.tensor([3, 1, 0]), 4)
+    assert reward.tolist() == [[0, 0, 1.0, 0], [0.5, 0, 0, 0], [2.0, 0, 0, 0]]
+    assert reward.dtype == torch.float32
+
+
+@pytest.mark.parametrize("mask", ["attention", "response"])
+def test_naive_scores_at_last_valid_token(make_batch, tokenizer, mask):
+    data, lengths = make_batch(RESPONSES, TRUTHS, width=40, mask=mask)
+    reward, info = NaiveRewardManager(tokenizer)(data)
+    assert reward.shape == (3, 40)
+    assert torch.equal(reward, _expected(lengths, [1.0, 1.0, 0.0], 40))
+    assert info["score"] == [1.0, 1.0, 0.0] and info["formatted"] == [1.0, 0.0, 1.0]
+    assert info["reward_error"] == info["reward_timeout"] == [0.0, 0.0, 0.0]
+    assert reward_fault_metrics(info) == {"reward/errors": 0.0, "reward/timeouts": 0.0}
+
+
+def test_batch_and_prime_match_naive(make_batch, tokenizer):
+    data, _ = make_batch(RESPONSES, TRUTHS)
+    naive, naive_info = NaiveRewardManager(tokenizer)(data)
+    for manager in (BatchRewardManager(tokenizer), PrimeRewardManager(tokenizer, num_workers=2)):
+        reward, info = manager(data)
+        assert torch.equal(reward, naive) and info == naive_info
+
+
+def test_mixed_sources_and_unknown_source(make_batch, tokenizer):
+    data, lengths = make_batch(["#### 5", r"\boxed{5}"], ["5", "5"], data_sources=["openai/gsm8k", "lighteval/MATH"])
+    reward, info = NaiveRewardManager(tokenizer)(data)
+    assert reward.sum(-1).tolist() == [1.0, 1.0]
+    assert set(info) == {"reward_error", "reward_timeout"}  # float results add no extra keys
+    bad, _ = make_batch(["x"], ["1"], data_sources=["my/data"])
+    with pytest.raises(ValueError, match="no built-in scorer for data_source 'my/data'.*custom_reward_function.path"):
+        NaiveRewardManager(tokenizer)(bad)
+
+
+def test_reward_fn_key(make_batch, tokenizer):
+    data, _ = make_batch(["#### 5"], ["5"])
+    data.non_tensor_batch["source"] = data.non_tensor_batch.pop("data_source")
+    assert NaiveRewardManager(tokenizer, reward_fn_key="source")(data)[0].sum() == 1.0
+    with pytest.raises(KeyError, match="needs the non-tensor 'data_source'"):
+        NaiveRewardManager(tokenizer)(data)
+
+
+def test_overlong_penalty_values():
+    # max 10, buffer 4 → expected 6: lengths 3, 6 → 0; 8 → -(2/4); 10 → -1; factor 2 doubles it
+    lengths = torch.tensor([3, 6, 8, 10])
+    assert overlong_penalty(lengths, 10, 4, 1.0).tolist() == [0.0, 0.0, -0.5, -1.0]
+    assert overlong_penalty(lengths, 10, 4, 2.0).tolist() == [0.0, 0.0, -1.0, -2.0]
+    with pytest.raises(ValueError, match="buffer_len must be in 1..max_resp_len=10"):
+        overlong_penalty(lengths, 10, 0, 1.0)
+
+
+def always_one(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": 1.0, "acc": 1.0}
+
+
+def test_dapo_adds_the_penalty(make_batch, tokenizer):
+    data, lengths = make_batch(["a", "a b c d e f", "a b c d e f g h i j k"], ["1"] * 3)
+    max_len, buffer = max(lengths), 4
+    manager = DAPORewardManager(
+        tokenizer, compute_score=always_one, max_resp_len=max_len,
+        overlong_buffer_enable=True, overlong_buffer_len=buffer, overlong_penalty_factor=1.0,
+    )
+    reward, info = manager(data)
+    penalties = [min(-(n - (max_len - buffer)) / buffer, 0.0) for n in lengths]
+    assert penalties[0] == 0.0 and penalties[2] == -1.0  # the longest hits the limit
+    assert torch.allclose(reward, _expected(lengths, [1.0 + p for p in penalties], reward.shape[1]))
+    assert info["overlong_reward"] == pytest.approx(penalties)
+    assert info["overlong"] == [1.0 if p < 0 else 0.0 for p in penalties]
+    plain, plain_info = DAPORewardManager(tokenizer, compute_score=always_one)(data)
+    assert plain.sum().item() == 3.0 and "overlong" not in plain_info
+
+
+def test_dapo_settings_are_checked(tokenizer):
+    with pytest.raises(ValueError, match="max_resp_len is required"):
+        DAPORewardManager(tokenizer, overlong_buffer_enable=True, overlong_buffer_len=4)
+    with pytest.raises(ValueError, match="overlong_buffer_len must be in 1..max_resp_len=8"):
+        DAPORewardManager(tokenizer, overlong_buffer_enable=True, overlong_buffer_len=9, max_resp_len=8)
+
+
+def faulty(data_source, solution_str, ground_truth, extra_info=None):
+    """Behaves according to the response text."""
+    if "RAISE" in solution_str:
+        raise KeyError("no such thing")
+    if "NAN" in solution_str:
+        return float("nan")
+    if "TYPE" in solution_str:
+        return "1.0"
+    if "NOSCORE" in solution_str:
+        return {"acc": 1.0}
+    if "HANG" in solution_str:
+        time.sleep(60)
+    return {"score": 1.0, "acc": 1.0}
+
+
+FAULTY = ["fine", "RAISE", "NAN", "TYPE", "NOSCORE", "HANG", "fine"]
+
+
+@pytest.mark.parametrize("name", ["naive", "prime", "dapo"])
+def test_faults_score_zero_and_are_counted(make_batch, tokenizer, caplog, name):
+    data, lengths = make_batch(FAULTY, ["1"] * len(FAULTY))
+    manager = build_reward_manager(name, tokenizer, compute_score=faulty, timeout_s=0.5)
+    with caplog.at_level(logging.WARNING, logger="hybridflow.workers.reward.base"):
+        reward, info = manager(data)
+        manager(data)  # a second step logs nothing new
+    assert reward.sum(-1).tolist() == [1.0, 0, 0, 0, 0, 0, 1.0]
+    assert info["reward_error"] == [0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    assert info["reward_timeout"] == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+    assert info["acc"] == [1.0, None, None, None, None, None, 1.0]
+    assert reward_fault_metrics(info) == {"reward/errors": 4.0, "reward/timeouts": 1.0}
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2  # the first error and the first timeout, once each
+    assert "KeyError" in messages[0] and "no such thing" in messages[0]
+    assert "timeout" in messages[1]
+
+
+def batch_raises(data_sources, solution_strs, ground_truths, extra_infos):
+    raise RuntimeError("batch scorer broke")
+
+
+def batch_short(data_sources, solution_strs, ground_truths, extra_infos):
+    return [1.0]
+
+
+def batch_mixed(data_sources, solution_strs, ground_truths, extra_infos):
+    return [1.0, math.nan, {"score": 0.5}]
+
+
+def test_batch_manager_faults(make_batch, tokenizer):
+    data, _ = make_batch(["a", "b", "c"], ["1"] * 3)
+    reward, info = BatchRewardManager(tokenizer, compute_score=batch_raises)(data)
+    assert reward.abs().sum() == 0 and info["reward_error"] == [1.0] * 3
+    reward, info = BatchRewardManager(tokenizer, compute_score=batch_short)(data)
+    assert info["reward_error"] == [1.0] * 3
+    reward, info = BatchRewardManager(tokenizer, compute_score=batch_mixed)(data)
+    assert reward.sum(-1).tolist() == [1.0, 0.0, 0.5] and info["reward_error"] == [0.0, 1.0, 0.0]
+
+
+def test_num_examine_prints_per_source(make_batch, tokenizer, capsys):
+    data, _ = make_batch(["#### 68", "#### 1"], ["68", "1"], prompts=["What is 23 + 45?", "other"])
+    NaiveRewardManager(tokenizer, num_examine=1)(data)
+    out = capsys.readouterr().out
+    assert out.count("[prompt]") == 1
+    assert "[prompt] What is 23 + 45?" in out and "[response] #### 68" in out and "[score] 1.0" in out

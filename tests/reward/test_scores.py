@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import pytest
+
+from hybridflow.workers.reward import SCORERS, default_compute_score, default_compute_score_batch
+from hybridflow.workers.reward.scores import arithmetic, boxed, countdown, gsm8k
+from hybridflow.workers.reward.scores.numbers import last_number, marked_answer, parse_number, same_number
+
+
+def test_numbers():
+    assert last_number("a 1,200 b -3 c 4.5.") == "4.5"
+    assert last_number("3, 4, 5") == "5"
+    assert marked_answer("x #### 1 then ####  $1,200 end") == "1,200"
+    assert marked_answer("#### none") is None
+    assert parse_number("$1,200") == 1200 and parse_number("-0.50") == parse_number("-.5")
+    assert parse_number("12a") is None
+    assert same_number("72.0", "72") and not same_number(None, "1") and not same_number("7", "x")
+
+
+@pytest.mark.parametrize(
+    "text, strict, flexible",
+    [
+        ("so 5 + 2 = 7\n#### 7", 1.0, 1.0),
+        ("the answer is 7", 0.0, 1.0),
+        ("#### 7 apples, 9 pears", 1.0, 0.0),
+        ("#### $1,200", 0.0, 0.0),  # ground truth 7
+        ("####7.", 1.0, 1.0),
+    ],
+)
+def test_gsm8k_strict_and_flexible(text, strict, flexible):
+    assert gsm8k.compute_score(text, "7") == strict
+    assert gsm8k.compute_score(text, "7", method="flexible") == flexible
+
+
+def test_gsm8k_reads_only_the_last_300_chars():
+    text = "#### 7" + " filler" * 60
+    assert gsm8k.compute_score(text, "7") == 0.0
+    assert gsm8k.compute_score(text[:6] + " " * 10, "7", format_score=0.1) == 1.0
+    assert gsm8k.compute_score("#### 8", "7", format_score=0.1) == 0.1
+    with pytest.raises(ValueError, match="unknown GSM8K extraction method"):
+        gsm8k.extract_solution("x", "loose")
+
+
+@pytest.mark.parametrize(
+    "text, score, formatted",
+    [
+        ("23 + 45 = 68\n#### 68", 1.0, 1.0),
+        ("It is 68.", 1.0, 0.0),  # lenient: the last number
+        ("#### 68.0", 1.0, 1.0),
+        ("#### 67 but maybe 68", 0.0, 1.0),  # the marker wins over a later number
+        ("#### and then 68", 1.0, 0.0),  # a marker without a number does not count
+        ("no digits here", 0.0, 0.0),
+    ],
+)
+def test_arithmetic_rule(text, score, formatted):
+    assert arithmetic.compute_score(text, "68") == {"score": score, "acc": score, "formatted": formatted}
+
+
+def test_arithmetic_strict_and_negative():
+    assert arithmetic.compute_score("It is 68.", "68", strict=True)["score"] == 0.0
+    assert arithmetic.compute_score("12 - 30 = -18\n#### -18", "-18")["score"] == 1.0
+
+
+TRUTH = {"target": 18, "numbers": [2, 3, 4]}
+
+
+@pytest.mark.parametrize(
+    "text, score",
+    [
+        ("#### (2 + 4) * 3", 1.0),
+        ("#### 3 * (4 + 2) = 18", 1.0),
+        ("<answer>(4 + 2) * 3</answer>", 1.0),
+        ("#### 2 * 3 * 4", 0.1),  # wrong value (24)
+        ("#### (2 + 4) * 3 * 1", 0.1),  # uses a number not given
+        ("#### 18", 0.1),  # does not use the numbers
+        ("#### import os", 0.1),
+        ("#### (2 + 4) / 0 * 3", 0.1),
+        ("no equation at all", 0.0),
+    ],
+)
+def test_countdown_rule(text, score):
+    assert countdown.compute_score(text, TRUTH)["score"] == score
+
+
+def test_countdown_ground_truth_checked():
+    with pytest.raises(ValueError, match="countdown ground_truth must be"):
+        countdown.compute_score("#### 1 + 2", "3")
+
+
+@pytest.mark.parametrize(
+    "text, truth, score",
+    [
+        (r"so \boxed{\dfrac{1}{2}}", r"\frac12", 1.0),
+        (r"\boxed{1/2}", r"\frac{1}{2}", 1.0),
+        (r"\boxed{0.5}", ".5", 1.0),
+        (r"first \boxed{3} then \boxed{x = 4}", "4", 1.0),
+        (r"\boxed{\text{(B)}}", "(B)", 1.0),
+        (r"\boxed{90^\circ}", "90", 1.0),
+        (r"\boxed{5}", r"\boxed{5}", 1.0),
+        (r"\fbox{7}", "7", 1.0),
+        (r"The answer is \boxed 9$.", "9", 1.0),
+        (r"\boxed{3}", "4", 0.0),
+        ("no box 4", "4", 0.0),
+        (r"\boxed{unbalanced", "x", 0.0),
+    ],
+)
+def test_boxed(text, truth, score):
+    assert boxed.compute_score(text, truth) == score
+
+
+def test_default_compute_score_dispatch():
+    assert default_compute_score("openai/gsm8k", "#### 3", "3") == 1.0
+    assert default_compute_score("lighteval/MATH", r"\boxed{3}", "3") == 1.0
+    assert default_compute_score("hybridflow/arithmetic", "3", "3")["score"] == 1.0
+    assert default_compute_score("hybridflow/countdown", "#### 1 + 2", {"target": 3, "numbers": [1, 2]})["score"] == 1.0
+    with pytest.raises(ValueError, match="unknown scorer for data_source 'my/data'; valid names: .*openai/gsm8k"):
+        default_compute_score("my/data", "x", "y")
+    assert "HuggingFaceH4/MATH-500" in SCORERS
+
+
+def test_default_batch_marks_failures_as_nan():
+    out = default_compute_score_batch(["openai/gsm8k", "nope"], ["#### 1", "x"], ["1", "y"], [None, None])
+    assert out[0] == 1.0 and out[1] != out[1]
