@@ -75,6 +75,8 @@ def _resolve(futures: list[Any]) -> list[Any]:
 
     positions = [i for i, f in enumerate(futures) if isinstance(f, ray.ObjectRef)]
     resolved = list(futures)
+    if not positions:  # ray.get([]) would start a Ray instance as a side effect
+        return resolved
     for i, value in zip(positions, ray.get([futures[i] for i in positions])):
         resolved[i] = value
     return resolved
