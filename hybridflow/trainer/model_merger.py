@@ -1,0 +1,299 @@
+"""Turn a training checkpoint into a Hugging Face model folder (verl's model merger).
+
+Input: an actor checkpoint as the trainer writes it (any of these paths)::
+
+    {default_local_dir}/                     → the step in latest_checkpointed_iteration.txt
+    {default_local_dir}/global_step_N/       → its actor/
+    {default_local_dir}/global_step_N/actor/ model.safetensors (+ optimizer.pt, extra_state.pt)
+                                             tokenizer/   hf_config/ (config.json,
+                                             generation_config.json, adapter_config.json if LoRA)
+
+The weights are read by a checkpoint reader picked from ``CHECKPOINT_READERS`` (detected from
+the folder, or named with ``backend``). A reader returns the full state dict under the training
+module's names: the single-process ``torch`` engine's one ``model.safetensors`` now; a sharded
+engine registers a reader that gathers its ``rank_r/`` files into the same full state dict.
+
+Output (``target_dir``, written atomically): ``model.safetensors`` + ``config.json`` +
+``generation_config.json`` + tokenizer files, loadable with
+``AutoModelForCausalLM.from_pretrained``. A LoRA checkpoint is exported either merged
+(``W + (α/r)·B·A`` folded into the base weights, a plain model) or as the adapter alone
+(``adapter_model.safetensors`` + ``adapter_config.json``, peft format, on top of the base
+model named in ``base_model_name_or_path``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from hybridflow.engine.checkpoint import MODEL_FILE, atomic_directory
+from hybridflow.models.hf_metadata import ADAPTER_CONFIG_FILE, CONFIG_FILE, GENERATION_CONFIG_FILE, HF_CONFIG_DIR
+from hybridflow.trainer.checkpoint import LATEST_FILE
+from hybridflow.utils.registry import Registry
+
+TOKENIZER_DIR = "tokenizer"  # the actor writes its tokenizer here, next to the weights
+ACTOR_DIR = "actor"
+LORA_MODES: tuple[str, ...] = ("merge", "adapter")
+EXPORT_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_LORA_MARK = ".lora_"
+
+logger = logging.getLogger("hybridflow.export")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, corrupt, or lacks what the export needs; the message says which."""
+
+
+# --- readers -------------------------------------------------------------------------------
+
+CheckpointReader = Callable[[Path], dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class ReaderSpec:
+    """How to recognise a reader's checkpoint folder, and a one-line description."""
+
+    detect: Callable[[Path], bool]
+    description: str
+
+
+CHECKPOINT_READERS: Registry[CheckpointReader] = Registry("checkpoint reader")
+
+
+def _is_torch_checkpoint(path: Path) -> bool:
+    return (path / MODEL_FILE).is_file()
+
+
+@CHECKPOINT_READERS.register("torch", meta=ReaderSpec(_is_torch_checkpoint, "single-process engine: one model.safetensors"))
+def read_torch_checkpoint(path: Path) -> dict[str, torch.Tensor]:
+    """The state dict in ``path/model.safetensors`` (tied tensors stored once, under one name)."""
+    file = path / MODEL_FILE
+    if not file.is_file():
+        raise CheckpointError(f"{path}: no {MODEL_FILE} (found: {_listing(path)})")
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{file}: not a readable safetensors file ({err}); the checkpoint is corrupt or truncated") from err
+
+
+def detect_backend(path: Path) -> str:
+    """The first registered reader whose ``detect`` accepts ``path``; a clear error otherwise."""
+    for name in CHECKPOINT_READERS.names():
+        if CHECKPOINT_READERS.meta(name).detect(path):
+            return name
+    readers = "; ".join(f"{n}: {CHECKPOINT_READERS.meta(n).description}" for n in CHECKPOINT_READERS.names())
+    if any(path.glob("rank_*")):
+        raise CheckpointError(
+            f"{path} holds per-rank shards (rank_*/) but no registered reader recognises them; readers: {readers}"
+        )
+    raise CheckpointError(f"{path} is not an engine checkpoint folder (found: {_listing(path)}); readers: {readers}")
+
+
+def _listing(path: Path) -> str:
+    if not path.is_dir():
+        return "the folder does not exist"
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
+    return ", ".join(names) or "nothing"
+
+
+# --- locating the parts of a checkpoint ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointSource:
+    """Where each part of one checkpoint is: weights (read by ``backend``), HF config, tokenizer."""
+
+    weights_dir: Path
+    backend: str
+    hf_config_dir: Path
+    tokenizer_dir: Path | None
+
+    @property
+    def is_lora(self) -> bool:
+        return (self.hf_config_dir / ADAPTER_CONFIG_FILE).is_file()
+
+
+def resolve_weights_dir(path: str | os.PathLike) -> Path:
+    """A run folder → its latest step's ``actor/``; a ``global_step_N`` folder → its ``actor/``."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint path {path} does not exist")
+    latest = path / LATEST_FILE
+    if latest.is_file():
+        step = latest.read_text().strip()
+        if not step.isdigit():
+            raise CheckpointError(f"{latest} is corrupt: expected a step number, found {step!r}")
+        path = path / f"global_step_{step}"
+    if (path / ACTOR_DIR).is_dir():
+        path = path / ACTOR_DIR
+    return path
+
+
+def locate_checkpoint(
+    path: str | os.PathLike, hf_model_config_path: str | os.PathLike | None = None, backend: str = "auto"
+) -> CheckpointSource:
+    """The parts of the checkpoint at ``path``.
+
+    The HF config comes from the checkpoint's ``hf_config/``; ``hf_model_config_path`` (the
+    base model folder used for training) stands in for it in checkpoints written without one,
+    and for a missing ``tokenizer/``.
+    """
+    weights_dir = resolve_weights_dir(path)
+    name = detect_backend(weights_dir) if backend == "auto" else backend
+    CHECKPOINT_READERS.get(name)  # an unknown backend lists the registered ones
+    fallback = Path(hf_model_config_path) if hf_model_config_path is not None else None
+    own_config = weights_dir / HF_CONFIG_DIR
+    if (own_config / CONFIG_FILE).is_file():
+        config_dir = own_config
+    elif fallback is not None and (fallback / CONFIG_FILE).is_file():
+        config_dir = fallback
+    else:
+        raise CheckpointError(
+            f"{weights_dir} has no {HF_CONFIG_DIR}/{CONFIG_FILE}"
+            + (f" and {fallback} has no {CONFIG_FILE}" if fallback is not None else "")
+            + "; pass --hf_model_config_path <the base model folder used for training>"
+        )
+    own_tokenizer = weights_dir / TOKENIZER_DIR
+    tokenizer_dir = own_tokenizer if own_tokenizer.is_dir() else fallback
+    return CheckpointSource(weights_dir, name, config_dir, tokenizer_dir)
+
+
+# --- rebuilding the model ------------------------------------------------------------------
+
+
+def build_model(source: CheckpointSource, trust_remote_code: bool = False) -> torch.nn.Module:
+    """The trained module rebuilt from its config and checkpoint weights (a ``PeftModel`` for LoRA).
+
+    Generation defaults come from the checkpoint's ``generation_config.json`` when present.
+    """
+    tensors = CHECKPOINT_READERS.get(source.backend)(source.weights_dir)
+    config = AutoConfig.from_pretrained(source.hf_config_dir, local_files_only=True, trust_remote_code=trust_remote_code)
+    config.use_cache = True  # training with gradient checkpointing turns the KV cache off; inference wants it
+    lora_config = _lora_config(source)
+    if lora_config is not None and lora_config.base_model_name_or_path:
+        # peft re-points the adapter at the model's name_or_path: keep the real base model
+        config.name_or_path = lora_config.base_model_name_or_path
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    if (source.hf_config_dir / GENERATION_CONFIG_FILE).is_file():
+        model.generation_config = GenerationConfig.from_pretrained(source.hf_config_dir, local_files_only=True)
+    if lora_config is not None:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, lora_config)
+    elif any(_LORA_MARK in name for name in tensors):
+        raise CheckpointError(
+            f"{source.weights_dir} holds LoRA weights but {source.hf_config_dir} has no {ADAPTER_CONFIG_FILE} "
+            "(rank, alpha and target modules are needed to rebuild the adapter)"
+        )
+    load_weights(model, tensors, source.weights_dir)
+    return model.eval()
+
+
+def _lora_config(source: CheckpointSource):
+    """The checkpoint's ``peft.LoraConfig``, or None without LoRA (peft is imported only then)."""
+    if not source.is_lora:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig.from_pretrained(str(source.hf_config_dir))
+
+
+def load_weights(module: torch.nn.Module, tensors: dict[str, torch.Tensor], where: Path) -> None:
+    """Copy ``tensors`` into ``module``: every name must exist with the same shape, and every
+    module tensor must be given (a tied alias counts as given when its partner is)."""
+    expected = module.state_dict()
+    aliases = _shared_names(expected)
+    missing = [n for n in expected if n not in tensors and not any(a in tensors for a in aliases.get(n, ()))]
+    unexpected = [n for n in tensors if n not in expected]
+    wrong = [f"{n} {tuple(tensors[n].shape)} vs {tuple(expected[n].shape)}"
+             for n in tensors if n in expected and tensors[n].shape != expected[n].shape]
+    problems = [
+        f"{label} ({len(items)}): {', '.join(items[:5])}{', ...' if len(items) > 5 else ''}"
+        for label, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch, checkpoint vs config", wrong))
+        if items
+    ]
+    if problems:
+        raise CheckpointError(f"{where}: the weights do not fit the model config: " + "; ".join(problems))
+    with torch.no_grad():
+        module.load_state_dict(tensors, strict=False)
+
+
+def _shared_names(state: dict[str, torch.Tensor]) -> dict[str, list[str]]:
+    """name → the other names viewing the same storage (tied embeddings)."""
+    by_storage: dict[tuple[int, int, tuple[int, ...]], list[str]] = {}
+    for name, tensor in state.items():
+        if tensor.numel():
+            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+            by_storage.setdefault(key, []).append(name)
+    return {n: [m for m in group if m != n] for group in by_storage.values() if len(group) > 1 for n in group}
+
+
+def merged_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A plain HF model: LoRA adapters folded into the base weights (``merge_and_unload``)."""
+    return model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
+
+
+def export_dtype(name: str, tensors_dtype: torch.dtype) -> torch.dtype:
+    """``auto`` → the checkpoint's own dtype; else one of :data:`EXPORT_DTYPES`."""
+    if name == "auto":
+        return tensors_dtype
+    if name not in EXPORT_DTYPES:
+        raise ValueError(f"unknown export dtype {name!r}; valid: auto, {', '.join(EXPORT_DTYPES)}")
+    return EXPORT_DTYPES[name]
+
+
+# --- writing -------------------------------------------------------------------------------
+
+
+def merge_checkpoint(
+    local_dir: str | os.PathLike,
+    target_dir: str | os.PathLike,
+    *,
+    hf_model_config_path: str | os.PathLike | None = None,
+    backend: str = "auto",
+    lora: str = "merge",
+    dtype: str = "auto",
+    base_model_name_or_path: str | None = None,
+    trust_remote_code: bool = False,
+) -> Path:
+    """Export the checkpoint at ``local_dir`` as a Hugging Face folder ``target_dir``.
+
+    ``lora``: ``merge`` (a plain model with merged weights) or ``adapter`` (the adapter alone;
+    LoRA checkpoints only). ``dtype``: ``auto`` (as stored), ``fp32``, ``bf16`` or ``fp16``.
+    ``base_model_name_or_path``: what an adapter export names as its base model (default: the
+    model folder the training started from, as recorded in the adapter config).
+    """
+    if lora not in LORA_MODES:
+        raise ValueError(f"lora must be one of {', '.join(LORA_MODES)}, got {lora!r}")
+    source = locate_checkpoint(local_dir, hf_model_config_path, backend)
+    if lora == "adapter" and not source.is_lora:
+        raise CheckpointError(
+            f"{source.weights_dir} was not trained with LoRA (no {ADAPTER_CONFIG_FILE}); export it with lora=merge"
+        )
+    model = build_model(source, trust_remote_code)
+    if lora == "merge":
+        model = merged_model(model)
+    elif base_model_name_or_path is not None:
+        for adapter_config in model.peft_config.values():
+            adapter_config.base_model_name_or_path = base_model_name_or_path
+    stored = next(p.dtype for p in model.parameters() if p.is_floating_point())
+    model = model.to(export_dtype(dtype, stored))
+    with atomic_directory(target_dir) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if source.tokenizer_dir is None:
+            logger.warning("%s has no %s/ and no hf_model_config_path was given: exporting without a tokenizer",
+                           source.weights_dir, TOKENIZER_DIR)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(
+                source.tokenizer_dir, local_files_only=True, trust_remote_code=trust_remote_code
+            )
+            tokenizer.save_pretrained(tmp)
+    return Path(target_dir)
