@@ -38,6 +38,15 @@ from hybridflow.config.ppo import (
     TrainerConfig,
 )
 from hybridflow.config.ppo_rules import finalize_ppo_config
+from hybridflow.config.sft import (
+    SFTConfig,
+    SFTDataConfig,
+    SFTModelConfig,
+    SFTMultiTurnConfig,
+    SFTOptimConfig,
+    SFTTrainerConfig,
+)
+from hybridflow.config.sft_rules import finalize_sft_config, load_sft_config
 
 __all__ = [
     "ActorConfig",
@@ -61,11 +70,19 @@ __all__ = [
     "RewardModelConfig",
     "RolloutConfig",
     "RolloutCorrectionConfig",
+    "SFTConfig",
+    "SFTDataConfig",
+    "SFTModelConfig",
+    "SFTMultiTurnConfig",
+    "SFTOptimConfig",
+    "SFTTrainerConfig",
     "TrainerConfig",
     "ValKwargsConfig",
     "advantage_params",
     "finalize_ppo_config",
+    "finalize_sft_config",
     "load_config",
+    "load_sft_config",
     "load_structured",
     "policy_loss_params",
     "scalar_params",

@@ -3,9 +3,10 @@
     python -m hybridflow.config.generate          # rewrite them
     python -m hybridflow.config.generate --check  # exit 1 if any is out of date
 
-Writes ``hybridflow/config/ppo_trainer.yaml`` and the generated regions of
-``docs/configuration.md`` (between ``<!-- BEGIN GENERATED: name -->`` and
-``<!-- END GENERATED: name -->``; the prose around them is hand-written).
+Writes ``hybridflow/config/ppo_trainer.yaml``, ``hybridflow/config/sft_trainer.yaml`` and the
+generated regions of ``docs/configuration.md`` and ``docs/sft.md`` (between
+``<!-- BEGIN GENERATED: name -->`` and ``<!-- END GENERATED: name -->``; the prose around them
+is hand-written).
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ from pathlib import Path
 
 from hybridflow.config.ppo import PPOConfig
 from hybridflow.config.render import render_defaults_yaml, render_reference_markdown, render_verl_markdown
+from hybridflow.config.sft import SFTConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent
 PPO_YAML = CONFIG_DIR / "ppo_trainer.yaml"
 DOC = CONFIG_DIR.parents[1] / "docs" / "configuration.md"
+SFT_YAML = CONFIG_DIR / "sft_trainer.yaml"
+SFT_DOC = CONFIG_DIR.parents[1] / "docs" / "sft.md"
 
 DOC_REGIONS: dict[str, Callable[[], str]] = {
     "ppo-keys": lambda: render_reference_markdown(PPOConfig),
@@ -29,18 +33,27 @@ DOC_REGIONS: dict[str, Callable[[], str]] = {
 }
 
 
+SFT_DOC_REGIONS: dict[str, Callable[[], str]] = {
+    "sft-keys": lambda: render_reference_markdown(SFTConfig),
+}
+
+
 def expected_ppo_yaml() -> str:
     return render_defaults_yaml(PPOConfig, "hybridflow PPO trainer config")
 
 
-def fill_regions(doc: str) -> str:
+def expected_sft_yaml() -> str:
+    return render_defaults_yaml(SFTConfig, "hybridflow SFT trainer config")
+
+
+def fill_regions(doc: str, regions: dict[str, Callable[[], str]] = DOC_REGIONS, where: Path = DOC) -> str:
     """``doc`` with each generated region replaced by freshly rendered text."""
-    for name, render in DOC_REGIONS.items():
+    for name, render in regions.items():
         pattern = re.compile(
             rf"(<!-- BEGIN GENERATED: {re.escape(name)} -->\n).*?(<!-- END GENERATED: {re.escape(name)} -->)", re.S
         )
         if not pattern.search(doc):
-            raise ValueError(f"{DOC} lacks '<!-- BEGIN GENERATED: {name} -->' ... '<!-- END GENERATED: {name} -->'")
+            raise ValueError(f"{where} lacks '<!-- BEGIN GENERATED: {name} -->' ... '<!-- END GENERATED: {name} -->'")
         body = render()
         doc = pattern.sub(lambda m, body=body: f"{m.group(1)}\n{body}\n{m.group(2)}", doc)
     return doc
@@ -54,6 +67,11 @@ def outdated() -> list[Path]:
     doc = DOC.read_text(encoding="utf-8")
     if fill_regions(doc) != doc:
         stale.append(DOC)
+    if not SFT_YAML.exists() or SFT_YAML.read_text(encoding="utf-8") != expected_sft_yaml():
+        stale.append(SFT_YAML)
+    sft_doc = SFT_DOC.read_text(encoding="utf-8")
+    if fill_regions(sft_doc, SFT_DOC_REGIONS, SFT_DOC) != sft_doc:
+        stale.append(SFT_DOC)
     return stale
 
 
@@ -68,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if stale else 0
     PPO_YAML.write_text(expected_ppo_yaml(), encoding="utf-8")
     DOC.write_text(fill_regions(DOC.read_text(encoding="utf-8")), encoding="utf-8")
-    print(f"wrote {PPO_YAML}\nwrote {DOC}")
+    SFT_YAML.write_text(expected_sft_yaml(), encoding="utf-8")
+    SFT_DOC.write_text(fill_regions(SFT_DOC.read_text(encoding="utf-8"), SFT_DOC_REGIONS, SFT_DOC), encoding="utf-8")
+    print(f"wrote {PPO_YAML}\nwrote {DOC}\nwrote {SFT_YAML}\nwrote {SFT_DOC}")
     return 0
 
 

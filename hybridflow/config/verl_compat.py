@@ -122,6 +122,16 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey("data.trust_remote_code", "uses actor_rollout_ref.model.trust_remote_code"),
     IgnoredKey("reward_model.model.*", "reward-model weights (model-based rewards are not implemented)"),
     IgnoredKey("data.custom_cls.*", "custom dataset classes are not supported", only_when_off=True),
+    # verl's sft_trainer.yaml (root-level model / optim / data keys of the SFT trainer)
+    IgnoredKey("ulysses_sequence_parallel_size", "sequence parallelism is not implemented; memory option only"),
+    IgnoredKey("use_remove_padding", "padding-free kernels; a speed option only"),
+    IgnoredKey("data.balance_dp_token", "token balancing across data-parallel ranks; SFT runs in one process"),
+    IgnoredKey("data.micro_batch_size", "deprecated global micro-batch; use data.micro_batch_size_per_gpu"),
+    IgnoredKey("data.chat_template", "use model.custom_chat_template", only_when_off=True),
+    IgnoredKey("data.prompt_dict_keys", "nested prompt columns are not supported", only_when_off=True),
+    IgnoredKey("data.response_dict_keys", "nested response columns are not supported", only_when_off=True),
+    IgnoredKey("data.multiturn.tools_key", "tool schemas in SFT conversations are not supported", only_when_off=True),
+    IgnoredKey("data.multiturn.enable_thinking_key", "per-row thinking switches are not supported", only_when_off=True),
     IgnoredKey("data.sampler.*", "custom samplers are not supported", only_when_off=True),
     IgnoredKey("data.datagen.*", "dynamic data generation is not supported", only_when_off=True),
     IgnoredKey(f"{_ARR}.model.exclude_modules", "LoRA module exclusion is not supported", only_when_off=True),
@@ -140,7 +150,14 @@ class RenamedKey:
     new_name: str  # replaces the last component of the matched key
 
 
-VERL_RENAMED_KEYS: tuple[RenamedKey, ...] = (RenamedKey("*.optim.warmup_style", "lr_scheduler_type"),)
+VERL_RENAMED_KEYS: tuple[RenamedKey, ...] = (
+    RenamedKey("*.optim.warmup_style", "lr_scheduler_type"),
+    # verl's sft_trainer.yaml
+    RenamedKey("model.partial_pretrain", "path"),
+    RenamedKey("optim.warmup_style", "lr_scheduler_type"),
+    RenamedKey("optim.lr_scheduler", "lr_scheduler_type"),
+    RenamedKey("optim.warmup_steps_ratio", "lr_warmup_steps_ratio"),
+)
 
 
 def _matches(path: str, pattern: str) -> bool:

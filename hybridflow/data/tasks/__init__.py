@@ -7,7 +7,7 @@ selected by each row's ``data_source``.
 
 from __future__ import annotations
 
-from hybridflow.data.tasks import arithmetic, countdown, gsm8k
+from hybridflow.data.tasks import arithmetic, arithmetic_sft, countdown, gsm8k
 from hybridflow.data.tasks.arithmetic import ArithmeticSettings, generate_arithmetic
 from hybridflow.data.tasks.common import TaskSpec, make_row, write_task
 from hybridflow.data.tasks.countdown import CountdownSettings, generate_countdown
@@ -16,6 +16,7 @@ from hybridflow.utils.registry import Registry
 
 TASKS: Registry[TaskSpec] = Registry("built-in task")
 TASKS.add(arithmetic.TASK.name, arithmetic.TASK)
+TASKS.add(arithmetic_sft.TASK.name, arithmetic_sft.TASK)
 TASKS.add(countdown.TASK.name, countdown.TASK)
 TASKS.add(gsm8k.TASK.name, gsm8k.TASK)
 

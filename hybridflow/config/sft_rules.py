@@ -1,0 +1,112 @@
+"""Loading the SFT config, its derived defaults and its cross-key rules.
+
+:func:`load_sft_config` = :func:`~hybridflow.config.loader.load_structured` on :class:`SFTConfig`
+followed by :func:`finalize_sft_config`, which (like the PPO one) collects every problem before
+raising, so a user sees all mistakes at once:
+
+1. per-key checks: types and declared bounds;
+2. :func:`resolve_sft_config`: every ``None`` documented as "= <other key>" gets its value;
+3. cross-key rules (:data:`SFT_RULES`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from hybridflow.config.build import check_leaves
+from hybridflow.config.errors import ConfigError
+from hybridflow.config.loader import load_structured
+from hybridflow.config.sft import SFTConfig
+
+
+def load_sft_config(config_files: list[str] | None = None, overrides: list[str] | None = None) -> SFTConfig:
+    """The SFT trainer's config: defaults ← ``config_files`` (in order) ← ``overrides`` (in order).
+
+    Same override syntax as the PPO trainer (``data.max_length=512``, ``model.lora_rank=8``);
+    raises :class:`ConfigError` naming each bad key and why.
+    """
+    cfg = load_structured(SFTConfig, config_files, list(overrides or []))
+    return finalize_sft_config(cfg)
+
+
+def finalize_sft_config(cfg: SFTConfig) -> SFTConfig:
+    """Check ``cfg``, fill in derived defaults, check cross-key rules; raise :class:`ConfigError`."""
+    problems = check_leaves(cfg)
+    if problems:
+        raise ConfigError(problems)
+    resolved = resolve_sft_config(cfg)
+    problems = [p for rule in SFT_RULES for p in rule(resolved)]
+    if problems:
+        raise ConfigError(problems)
+    return resolved
+
+
+def resolve_sft_config(cfg: SFTConfig) -> SFTConfig:
+    """Fill ``data.seed`` (= trainer.seed), ``model.strategy`` (auto = torch) and the checkpoint root."""
+    trainer = cfg.trainer
+    default_dir = f"checkpoints/{trainer.project_name}/{trainer.experiment_name}"
+    strategy = "torch" if cfg.model.strategy == "auto" else cfg.model.strategy
+    return replace(
+        cfg,
+        data=replace(cfg.data, seed=trainer.seed if cfg.data.seed is None else cfg.data.seed),
+        model=replace(cfg.model, strategy=strategy),
+        trainer=replace(trainer, default_local_dir=trainer.default_local_dir or default_dir),
+    )
+
+
+# --- cross-key rules (each takes a resolved config, returns problems) -------------------------
+
+
+def rule_single_process(cfg: SFTConfig) -> list[str]:
+    trainer = cfg.trainer
+    if trainer.nnodes * trainer.n_gpus_per_node != 1:
+        return [
+            f"trainer.nnodes × trainer.n_gpus_per_node = {trainer.nnodes} × {trainer.n_gpus_per_node}: "
+            "the SFT trainer runs in one process; set both to 1"
+        ]
+    return []
+
+
+def rule_token_budget(cfg: SFTConfig) -> list[str]:
+    data = cfg.data
+    if data.use_dynamic_bsz and data.max_token_len_per_gpu < data.max_length:
+        return [
+            f"data.max_token_len_per_gpu={data.max_token_len_per_gpu} is below data.max_length={data.max_length}: "
+            "a full-length example would not fit in one micro-batch"
+        ]
+    return []
+
+
+def rule_data(cfg: SFTConfig) -> list[str]:
+    data = cfg.data
+    problems = []
+    if not data.train_files:
+        problems.append("data.train_files must name at least one file")
+    if data.multiturn.enable and not data.multiturn.messages_key:
+        problems.append("data.multiturn.messages_key must name a column when data.multiturn.enable=true")
+    if not data.multiturn.enable and not (data.prompt_key and data.response_key):
+        problems.append("data.prompt_key and data.response_key must name columns (or set data.multiturn.enable=true)")
+    return problems
+
+
+def rule_optim(cfg: SFTConfig) -> list[str]:
+    betas = cfg.optim.betas
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        return [f"optim.betas must be two numbers in [0, 1), got {list(betas)}"]
+    return []
+
+
+def rule_trainer(cfg: SFTConfig) -> list[str]:
+    if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
+        return ["trainer.resume_from_path must be set when trainer.resume_mode=resume_path"]
+    return []
+
+
+SFT_RULES: tuple[Callable[[SFTConfig], list[str]], ...] = (
+    rule_single_process,
+    rule_token_budget,
+    rule_data,
+    rule_optim,
+    rule_trainer,
+)

@@ -1,0 +1,131 @@
+"""``python -m hybridflow.trainer.main_sft [--config FILE] [key=value ...]`` (= ``hybridflow sft``).
+
+Parses the SFT config once, loads the model (full or LoRA), builds the datasets, loaders,
+engine and tracking from it, and runs :meth:`SFTTrainer.fit`. With no arguments it runs the
+embedded default: SmolLM2-135M-Instruct on the built-in arithmetic task with worked answers,
+on the CPU. Every checkpoint holds ``hf/``, a Hugging Face model folder to start RL from::
+
+    hybridflow sft trainer.experiment_name=sft_arith
+    hybridflow train actor_rollout_ref.model.path=checkpoints/hybridflow/sft_arith/global_step_N/hf
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from hybridflow.config import ConfigError, SFTConfig, load_sft_config
+from hybridflow.config.build import to_dict
+from hybridflow.data import StatefulDataLoader
+from hybridflow.data.sft_dataset import SFTDataset
+from hybridflow.models import ModelLoadError, load_model_and_tokenizer
+from hybridflow.tracking import Tracking
+from hybridflow.trainer.main_ppo import ensure_builtin_task_files, resolve_device
+from hybridflow.trainer.sft_trainer import HF_FOLDER, SFTTrainer
+from hybridflow.workers.engine_factory import build_engine
+from hybridflow.workers.ppo_loop import micro_batch_spec
+
+
+def build_sft_loaders(config: SFTConfig, tokenizer) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
+    """Training loader (train_batch_size, resumable) and validation loader (micro_batch_size_per_gpu)."""
+    data = config.data
+    ensure_builtin_task_files(tuple(data.train_files) + tuple(data.val_files))
+    common = dict(
+        prompt_key=data.prompt_key,
+        response_key=data.response_key,
+        messages_key=data.multiturn.messages_key if data.multiturn.enable else None,
+        max_length=data.max_length,
+        truncation=data.truncation,
+        chat_template_kwargs=dict(data.apply_chat_template_kwargs),
+    )
+    seed = config.trainer.seed if data.seed is None else data.seed
+    train = SFTDataset(list(data.train_files), tokenizer, **common)
+    train_loader = StatefulDataLoader(train, data.train_batch_size, shuffle=data.shuffle, seed=seed)
+    if not data.val_files:
+        return train_loader, None
+    val = SFTDataset(list(data.val_files), tokenizer, **common)
+    val_loader = StatefulDataLoader(val, data.micro_batch_size_per_gpu, shuffle=False, seed=seed, drop_last=False)
+    return train_loader, val_loader
+
+
+def build_sft_trainer(config: SFTConfig) -> SFTTrainer:
+    """Everything :class:`SFTTrainer` needs, built from the config."""
+    torch.manual_seed(config.trainer.seed)
+    model_cfg, data = config.model, config.data
+    target_modules = model_cfg.target_modules
+    module, tokenizer = load_model_and_tokenizer(
+        model_cfg.path,
+        dtype="fp32",  # parameters stay fp32; dtype=bf16 trains under bf16 autocast (see build_engine)
+        gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
+        lora_rank=model_cfg.lora_rank,
+        lora_alpha=model_cfg.lora_alpha,
+        target_modules=list(target_modules) if isinstance(target_modules, tuple) else target_modules,
+        trust_remote_code=model_cfg.trust_remote_code,
+    )
+    if model_cfg.custom_chat_template is not None:
+        tokenizer.chat_template = model_cfg.custom_chat_template
+    train_loader, val_loader = build_sft_loaders(config, tokenizer)
+    total_steps = config.trainer.total_training_steps or len(train_loader) * config.trainer.total_epochs
+    micro_batch = micro_batch_spec(data.use_dynamic_bsz, data.micro_batch_size_per_gpu, data.max_token_len_per_gpu)
+    engine = build_engine(
+        module,
+        config.optim,
+        strategy=model_cfg.strategy,
+        grad_clip=config.optim.clip_grad,
+        micro_batch=micro_batch,
+        total_training_steps=total_steps,
+        device=resolve_device(config.trainer.device),
+        dtype=model_cfg.dtype,
+        world_size=1,
+        owner="model",
+    )
+    run_dir = Path(config.trainer.default_local_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    loggers = list(dict.fromkeys([*config.trainer.logger, "jsonl"]))  # metrics.jsonl: curves and comparisons
+    tracking = Tracking(
+        loggers, run_dir, config.trainer.project_name, config.trainer.experiment_name, config=to_dict(config)
+    )
+    return SFTTrainer(config, engine, tokenizer, train_loader, val_loader, tracking, total_steps, micro_batch)
+
+
+def run(trainer: SFTTrainer) -> dict[str, float]:
+    """Fit; prints where the run folder and the last HF model folder are."""
+    try:
+        metrics = trainer.fit()
+    finally:
+        trainer.tracking.finish()
+    print(f"run folder: {trainer.checkpoint_root} (metrics.jsonl, checkpoints)")
+    hf = trainer.checkpoint_root / f"global_step_{trainer.global_step}" / HF_FOLDER
+    if hf.is_dir():
+        print(f"Hugging Face model folder: {hf}  (e.g. actor_rollout_ref.model.path={hf})")
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hybridflow sft", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", action="append", default=[], help="YAML config file (repeatable)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.max_length=512 model.lora_rank=8")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        config = load_sft_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"hybridflow sft: {exc}", file=sys.stderr)
+        return 2
+    try:
+        trainer = build_sft_trainer(config)
+    except (ValueError, ModelLoadError, FileNotFoundError) as exc:  # bad data, sizes or model path
+        print(f"hybridflow sft: error: {exc}", file=sys.stderr)
+        return 2
+    run(trainer)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

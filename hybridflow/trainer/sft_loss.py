@@ -1,0 +1,64 @@
+"""The SFT objective: mean negative log-likelihood of the target (assistant) tokens.
+
+Rows are right-padded token sequences (``SFTDataset``). Token t is predicted at position
+t − 1, so the forward pass returns ``log_probs[:, t] = log π(x_t | x_<t)`` aligned with the
+tokens (column 0 is always 0: nothing predicts the first token), and the loss of a
+mini-batch with N = Σ loss_mask target tokens is
+
+    L = −(1/N) Σ_{i,t} loss_mask[i, t] · log_probs[i, t]        (token-mean)
+
+Each micro-batch contributes its share with the mini-batch's N (``agg_loss`` with
+``batch_num_tokens``), so the accumulated gradient — and the logged loss, the sum of the
+shares — does not depend on how the mini-batch is split.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict
+
+from hybridflow import fields as FK
+from hybridflow.algorithms.aggregation import agg_loss
+from hybridflow.algorithms.utils import logprobs_from_logits
+from hybridflow.data.sft_dataset import LOSS_MASK
+
+LOG_PROBS = "log_probs"
+
+
+def token_log_probs(module: torch.nn.Module, micro: TensorDict) -> dict[str, torch.Tensor]:
+    """``{"log_probs": (b, L)}``: log π(x_t | x_<t) at every real token t ≥ 1, 0 elsewhere.
+
+    The micro-batch is cut to its longest row first (right padding beyond it costs compute
+    and changes nothing: real tokens never attend to later positions). Computed in float32.
+    """
+    attention_mask = micro[FK.ATTENTION_MASK]
+    width = attention_mask.shape[1]
+    used = attention_mask.bool().any(dim=0).nonzero().flatten()
+    hi = max(int(used[-1]) + 1, 2) if used.numel() else 2
+    input_ids = micro[FK.INPUT_IDS][:, :hi]
+    out = module(
+        input_ids=input_ids,
+        attention_mask=attention_mask[:, :hi],
+        position_ids=micro[FK.POSITION_IDS][:, :hi],
+        use_cache=False,
+    )
+    log_probs = logprobs_from_logits(out.logits[:, :-1, :].float(), input_ids[:, 1:])
+    log_probs = F.pad(log_probs, (1, width - hi))
+    return {LOG_PROBS: log_probs * attention_mask.to(log_probs.dtype)}
+
+
+def sft_loss(
+    outputs: dict[str, torch.Tensor], micro: TensorDict, *, batch_num_tokens: int
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """This micro-batch's share of the mini-batch token-mean NLL; ``batch_num_tokens`` = N above."""
+    log_probs = outputs[LOG_PROBS]
+    mask = micro[LOSS_MASK].to(log_probs.dtype)
+    loss = agg_loss(-log_probs, mask, "token-mean", batch_num_tokens=batch_num_tokens)
+    return loss, {"loss": loss.detach()}
+
+
+def masked_nll_sum(log_probs: torch.Tensor, loss_mask: torch.Tensor) -> tuple[float, int]:
+    """``(Σ −log_probs · mask, Σ mask)`` in float64, to average a loss over many batches exactly."""
+    mask = loss_mask.to(torch.float64)
+    return float(-(log_probs.detach().to(torch.float64) * mask).sum()), int(loss_mask.sum())
