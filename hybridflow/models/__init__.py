@@ -1,0 +1,24 @@
+"""Loading models and tokenizers: HF folders, packaged GGUF models, tiny in-code models."""
+
+from hybridflow.models.loader import (
+    DTYPES,
+    ModelLoadError,
+    load_model_and_tokenizer,
+    load_tokenizer,
+    parse_dtype,
+)
+from hybridflow.models.sources import MODEL_SOURCES, cache_dir, resolve_model_path
+from hybridflow.models.value_model import ValueHeadModel, load_value_model
+
+__all__ = [
+    "DTYPES",
+    "MODEL_SOURCES",
+    "ModelLoadError",
+    "ValueHeadModel",
+    "cache_dir",
+    "load_model_and_tokenizer",
+    "load_tokenizer",
+    "load_value_model",
+    "parse_dtype",
+    "resolve_model_path",
+]

