@@ -81,12 +81,16 @@ def response_log_probs(
     temperature: float = 1.0,
     calculate_entropy: bool = False,
     chunked_entropy: bool = False,
+    calculate_sum_pi_squared: bool = False,
+    entropy_requires_grad: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """``{"log_probs": (b, T)[, "entropy": (b, T)]}`` of the response tokens under ``module``.
+    """``{"log_probs": (b, T)[, "entropy": (b, T)][, "sum_pi_squared": (b, T)]}`` of the
+    response tokens under ``module``.
 
     log π(y_t) = log softmax(z_t / τ)[y_t] with τ = ``temperature`` (the sampling
     temperature), computed in float32; entropy of softmax(z_t / τ) (``chunked_entropy``:
-    a few rows at a time, to save memory). Exactly 0 where the attention mask is 0.
+    a few rows at a time, to save memory; ``entropy_requires_grad=False``: computed without a
+    gradient, for the metric only). Exactly 0 where the attention mask is 0.
     """
     responses = micro[FK.RESPONSES]
     window = response_window(micro[FK.ATTENTION_MASK], responses.shape[1])
@@ -97,11 +101,16 @@ def response_log_probs(
     labels = responses[:, : window.n_response]
     result = {"log_probs": _finish(logprobs_from_logits(logits, labels, temperature), micro, window)}
     if calculate_entropy:
-        if chunked_entropy:
-            entropy = entropy_from_logits_chunked(logits, temperature=temperature)
-        else:
-            entropy = entropy_from_logits(logits, temperature)
+        # Entropy only as a metric (entropy_coeff = 0) needs no autograd graph over the logits.
+        with torch.set_grad_enabled(entropy_requires_grad and torch.is_grad_enabled()):
+            if chunked_entropy:
+                entropy = entropy_from_logits_chunked(logits, temperature=temperature)
+            else:
+                entropy = entropy_from_logits(logits, temperature)
         result["entropy"] = _finish(entropy, micro, window)
+    if calculate_sum_pi_squared:  # Σ_v π_v², for the optimal-token-baseline estimators
+        probs = torch.softmax(logits / temperature, dim=-1)
+        result["sum_pi_squared"] = _finish(probs.square().sum(-1), micro, window)
     return result
 
 

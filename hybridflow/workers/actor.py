@@ -137,7 +137,8 @@ class ActorWorker(Worker):
     # --- log-probs --------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs`` and ``entropys`` (B, T) of the responses at the sampling temperature."""
+        """``old_log_probs`` and ``entropys`` (B, T) of the responses at the sampling temperature
+        (and ``sum_pi_squared`` when ``meta_info["calculate_sum_pi_squared"]`` is set)."""
         batch = _tensor_batch(data, "compute_log_prob")
         require_fields(batch, _MODEL_INPUTS, "compute_log_prob")
         rollout, actor = self.config.rollout, self.config.actor
@@ -145,15 +146,16 @@ class ActorWorker(Worker):
         max_tokens = rollout.log_prob_max_token_len_per_gpu or actor.ppo_max_token_len_per_gpu
         spec = micro_batch_spec(use_dynamic, rollout.log_prob_micro_batch_size_per_gpu, max_tokens)
         temperature = log_prob_temperature(rollout.temperature)
+        with_pi2 = bool(data.meta_info.get("calculate_sum_pi_squared", False))
         forward = partial(
             response_log_probs, temperature=temperature, calculate_entropy=True,
-            chunked_entropy=actor.entropy_from_logits_with_chunking,
+            chunked_entropy=actor.entropy_from_logits_with_chunking, calculate_sum_pi_squared=with_pi2,
         )
         out = self.engine.infer(batch, forward, spec)
-        return DataProto.from_dict(
-            tensors={FK.OLD_LOG_PROBS: out["log_probs"], FK.ENTROPYS: out["entropy"]},
-            meta_info={"temperature": temperature},
-        )
+        tensors = {FK.OLD_LOG_PROBS: out["log_probs"], FK.ENTROPYS: out["entropy"]}
+        if with_pi2:
+            tensors[FK.SUM_PI_SQUARED] = out["sum_pi_squared"]
+        return DataProto.from_dict(tensors=tensors, meta_info={"temperature": temperature})
 
     # --- update -----------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -170,7 +172,8 @@ class ActorWorker(Worker):
         forward = partial(
             response_log_probs,
             temperature=log_prob_temperature(self.config.rollout.temperature),
-            calculate_entropy=actor.entropy_coeff != 0.0,
+            calculate_entropy=True,  # always logged as actor/entropy; differentiated only if used
+            entropy_requires_grad=actor.entropy_coeff != 0.0,
             chunked_entropy=actor.entropy_from_logits_with_chunking,
         )
         per_step: list[dict[str, float]] = []

@@ -100,9 +100,10 @@ class ActorLoss:
         )
         loss = pg_loss
         metrics = {"actor/pg_loss": pg_loss.detach(), **pg_metrics, NUM_TOKENS_KEY: mask.sum().detach()}
-        if self.needs_entropy:
+        if "entropy" in outputs:
             entropy = agg_loss_with_info(outputs["entropy"], mask, self.loss_agg_mode, self.batch_info)
-            loss = loss - self.entropy_coeff * entropy
+            if self.needs_entropy:
+                loss = loss - self.entropy_coeff * entropy
             metrics["actor/entropy"] = entropy.detach()
         if self.use_kl_loss:
             kld = kl_penalty(log_prob, micro[FK.REF_LOG_PROB], self.kl_loss_type)

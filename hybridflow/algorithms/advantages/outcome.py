@@ -150,7 +150,7 @@ def compute_gdpo_outcome_advantage(
                 f"got {tuple(components.shape)}"
             )
     num_components = components.shape[1]
-    weights = [1.0] * num_components if gdpo_reward_weights is None else list(gdpo_reward_weights)
+    weights = list(gdpo_reward_weights) if gdpo_reward_weights else [1.0] * num_components  # empty = all ones
     if len(weights) != num_components:
         raise ValueError(
             f"gdpo: algorithm.gdpo_reward_weights has {len(weights)} entries for {num_components} reward components"

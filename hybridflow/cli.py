@@ -1,0 +1,46 @@
+"""The ``hybridflow`` console command: one subcommand per entry point.
+
+Each subcommand forwards the rest of the command line to the entry point's own ``main``,
+so ``hybridflow train a.b=c`` is exactly ``python -m hybridflow.trainer.main_ppo a.b=c``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module with a ``main(argv)`` function, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("hybridflow.trainer.main_ppo", "RL post-training (PPO, GRPO, ...) with verl-style overrides"),
+    "sft": ("hybridflow.trainer.main_sft", "supervised fine-tuning on prompt/response or multi-turn chat data"),
+    "data": ("hybridflow.data.__main__", "write a built-in task's train/test files"),
+    "config": ("hybridflow.config.__main__", "print the fully resolved config for a set of overrides"),
+    "plot": ("hybridflow.trainer.main_plot", "draw a run directory's curves into a PNG"),
+    "eval": ("hybridflow.trainer.main_eval", "score a file of generated responses: mean@N, best@N, maj@N per data source"),
+    "export": ("hybridflow.trainer.main_merge", "checkpoint → Hugging Face folder (merge), or compare with a reference (test)"),
+}
+
+
+def _usage() -> str:
+    width = max(len(c) for c in COMMANDS)
+    lines = ["usage: hybridflow COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name.ljust(width)}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"hybridflow: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    result = module.main(rest)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+"""``hybridflow plot RUN_DIR [--out FILE]``: curves of any run that logged ``jsonl``."""
+
+from __future__ import annotations
+
+import argparse
+
+from hybridflow.trainer.plot import plot_run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hybridflow plot", description=__doc__)
+    parser.add_argument("run_dir", help="a run directory containing metrics.jsonl")
+    parser.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/curves.png)")
+    args = parser.parse_args(argv)
+    print(plot_run(args.run_dir, args.out))
+    return 0

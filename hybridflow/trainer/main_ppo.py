@@ -1,0 +1,178 @@
+"""``python -m hybridflow.trainer.main_ppo [--config FILE] [key=value ...]`` (= ``hybridflow train``).
+
+Parses the config once, builds the data loaders, reward managers and worker groups from it,
+and runs :meth:`PPOTrainer.fit`. With no arguments it runs the embedded default: GRPO on the
+built-in arithmetic task with SmolLM2-135M-Instruct on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from hybridflow.config import ConfigError, PPOConfig, load_config
+from hybridflow.config.build import to_dict
+from hybridflow.controller import ClassWithInitArgs, ResourcePool, create_worker_group
+from hybridflow.data import RLDataset, StatefulDataLoader
+from hybridflow.data.tasks import TASKS
+from hybridflow.models import load_tokenizer, resolve_model_path
+from hybridflow.tracking import Tracking
+from hybridflow.trainer.plot import plot_run
+from hybridflow.trainer.ppo_trainer import PPOTrainer, WorkerGroups
+from hybridflow.workers.critic import CriticWorker
+from hybridflow.workers.placement import colocated_actor_rollout_ref
+from hybridflow.workers.reward import build_reward_manager, load_custom_reward_function
+from hybridflow.workers.rollout.worker import RolloutWorker
+
+BUILTIN_DATA_ROOT = Path("~/data/hybridflow").expanduser()
+
+
+def ensure_builtin_task_files(files: tuple[str, ...]) -> None:
+    """Write a built-in task on first use when a default path ``~/data/hybridflow/<task>/...`` is missing."""
+    from hybridflow.data.__main__ import main as data_main
+
+    for file in files:
+        path = Path(file).expanduser()
+        if path.exists() or path.parent.parent != BUILTIN_DATA_ROOT or path.parent.name not in TASKS:
+            continue
+        print(f"{path} not found: writing the built-in {path.parent.name!r} task there")
+        if data_main([path.parent.name, "--out", str(path.parent)]) != 0:
+            raise RuntimeError(f"could not write the built-in task files into {path.parent}")
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def build_loaders(config: PPOConfig, tokenizer) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
+    data = config.data
+    ensure_builtin_task_files(tuple(data.train_files) + tuple(data.val_files))
+    common = dict(
+        prompt_key=data.prompt_key,
+        max_prompt_length=data.max_prompt_length,
+        truncation=data.truncation,
+        filter_overlong_prompts=data.filter_overlong_prompts,
+        return_raw_chat=data.return_raw_chat,
+        chat_template_kwargs=dict(data.apply_chat_template_kwargs),
+    )
+    seed = config.trainer.seed if data.seed is None else data.seed
+    train = RLDataset(list(data.train_files), tokenizer, max_samples=_samples(data.max_samples), **common)
+    train_loader = StatefulDataLoader(train, data.train_batch_size, shuffle=data.shuffle, seed=seed)
+    if not data.val_files:
+        return train_loader, None
+    val = RLDataset(list(data.val_files), tokenizer, max_samples=_samples(data.val_max_samples), **common)
+    val_loader = StatefulDataLoader(
+        val, data.val_batch_size or len(val), shuffle=data.validation_shuffle, seed=seed, drop_last=False
+    )
+    return train_loader, val_loader
+
+
+def _samples(max_samples: int) -> int | None:
+    return None if max_samples < 0 else max_samples
+
+
+def build_reward_fns(config: PPOConfig, tokenizer):
+    """The training and validation reward managers (same scorer; validation prints no examples)."""
+    custom = config.custom_reward_function
+    compute_score = (
+        load_custom_reward_function(custom.path, custom.name, dict(custom.reward_kwargs)) if custom.path else None
+    )
+    rm = config.reward_model
+    extra = {}
+    if rm.reward_manager == "dapo":
+        extra = dict(
+            max_resp_len=config.data.max_response_length,
+            overlong_buffer_enable=rm.overlong_buffer.enable,
+            overlong_buffer_len=rm.overlong_buffer.len,
+            overlong_penalty_factor=rm.overlong_buffer.penalty_factor,
+        )
+    kwargs = dict(compute_score=compute_score, reward_fn_key=config.data.reward_fn_key, timeout_s=rm.timeout_s, **extra)
+    return build_reward_manager(rm.reward_manager, tokenizer, **kwargs), build_reward_manager(
+        rm.reward_manager, tokenizer, **kwargs
+    )
+
+
+def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> WorkerGroups:
+    """Actor + rollout (+ reference) colocated per rank; the critic in its own group."""
+    trainer = config.trainer
+    device = resolve_device(trainer.device)
+    pool = ResourcePool([trainer.n_gpus_per_node] * trainer.nnodes)
+    if trainer.backend == "ray":
+        from hybridflow.controller.ray_backend import init_ray
+
+        init_ray(trainer.ray_address)
+    arr = config.actor_rollout_ref
+    rollout = ClassWithInitArgs(RolloutWorker, arr, device=device, seed=trainer.seed)
+    spec = colocated_actor_rollout_ref(
+        arr, rollout=rollout, with_ref=use_reference, total_training_steps=total_steps, device=device, seed=trainer.seed
+    )
+    roles = create_worker_group(trainer.backend, pool, spec).spawn()
+    for role in ("actor", "rollout", "ref"):  # actor first: it publishes the live policy
+        if role in roles:
+            roles[role].init_model()
+    critic = None
+    if config.critic.enable:
+        critic_spec = ClassWithInitArgs(
+            CriticWorker, config.critic, rollout_n=arr.rollout.n, total_training_steps=total_steps,
+            device=device, seed=trainer.seed, trust_remote_code=arr.model.trust_remote_code,
+        )
+        critic = create_worker_group(trainer.backend, pool, critic_spec)
+        critic.init_model()
+    return WorkerGroups(actor=roles["actor"], rollout=roles["rollout"], ref=roles.get("ref"), critic=critic)
+
+
+def build_trainer(config: PPOConfig) -> PPOTrainer:
+    torch.manual_seed(config.trainer.seed)
+    model_path = resolve_model_path(config.actor_rollout_ref.model.path)
+    tokenizer = load_tokenizer(config.data.tokenizer or model_path)
+    train_loader, val_loader = build_loaders(config, tokenizer)
+    total_steps = config.trainer.total_training_steps or len(train_loader) * config.trainer.total_epochs
+    reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
+    run_dir = Path(config.trainer.default_local_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    loggers = list(dict.fromkeys([*config.trainer.logger, "jsonl"]))  # jsonl feeds the plot
+    tracking = Tracking(
+        loggers, run_dir, config.trainer.project_name, config.trainer.experiment_name, config=to_dict(config)
+    )
+    needs_ref = PPOTrainer.needs_reference(config)
+    workers = build_workers(config, total_steps, needs_ref)
+    return PPOTrainer(
+        config, tokenizer, workers, reward_fn, val_reward_fn, train_loader, val_loader, tracking, run_dir, total_steps
+    )
+
+
+def run(config: PPOConfig) -> dict[str, float]:
+    trainer = build_trainer(config)
+    try:
+        metrics = trainer.fit()
+    finally:
+        trainer.tracking.finish()
+    png = plot_run(trainer.run_dir)
+    print(f"run folder: {trainer.run_dir} (metrics.jsonl, curves.png {png.name}, checkpoints)")
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hybridflow train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", action="append", default=[], help="YAML config file (repeatable)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.adv_estimator=rloo")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"hybridflow train: invalid config:\n{exc}", file=sys.stderr)
+        return 2
+    run(config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

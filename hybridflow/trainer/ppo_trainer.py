@@ -1,0 +1,405 @@
+"""The PPO-family trainer: ``fit()`` is a short loop around ``step()``, and ``step()`` is the
+numbered phases of the HybridFlow paper's algorithm, each a named call.
+
+::
+
+    step(batch):
+      0 prepare       uid per prompt, repeat rollout.n times (interleaved)
+      1 rollout       rollout.generate_sequences           (+ ReMax greedy baseline pass)
+      2 reward        reward_fn(batch) → token_level_scores
+      3 old logp      actor.compute_log_prob               (skipped when on-policy)
+      4 ref logp      ref.compute_ref_log_prob             (when a KL term needs it)
+      5 values        critic.compute_values                (when the estimator needs values)
+      6 advantage     KL-in-reward, then ADV_ESTIMATORS[name] via compute_advantage
+      7 update        critic.update_critic, actor.update_actor (after critic_warmup)
+      8 weight sync   rollout.update_weights (a no-op when the rollout shares the actor's module)
+
+Which optional phases run is decided once, in ``__init__``, from the estimator's declared
+needs (``EstimatorSpec``) and the config — never by branching on the estimator's name.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from hybridflow import fields as F
+from hybridflow.algorithms.advantages import compute_advantage, get_estimator_spec
+from hybridflow.algorithms.kl import apply_kl_penalty, get_kl_controller
+from hybridflow.config import PPOConfig
+from hybridflow.config.params import advantage_params
+from hybridflow.protocol import DataProto
+from hybridflow.tracking import Tracking
+from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer.metrics import (
+    Timer,
+    compute_data_metrics,
+    compute_throughput_metrics,
+    reduce_metrics,
+    validation_metrics,
+)
+from hybridflow.workers.reward import reward_fault_metrics
+
+RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict[str, list[Any]]]]
+
+
+@dataclass
+class WorkerGroups:
+    """The controller's handles: one worker group per role (``critic``/``ref`` optional)."""
+
+    actor: Any
+    rollout: Any
+    ref: Any | None = None
+    critic: Any | None = None
+
+
+class PPOTrainer:
+    """Runs the algorithm on the controller and drives the worker groups."""
+
+    def __init__(
+        self,
+        config: PPOConfig,
+        tokenizer: Any,
+        workers: WorkerGroups,
+        reward_fn: RewardFn,
+        val_reward_fn: RewardFn,
+        train_loader: Any,
+        val_loader: Any | None,
+        tracking: Tracking,
+        run_dir: str | Path,
+        total_training_steps: int,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.workers = workers
+        self.reward_fn = reward_fn
+        self.val_reward_fn = val_reward_fn
+        self.train_loader = train_loader
+        self.val_loader = val_loader
+        self.tracking = tracking
+        self.run_dir = Path(run_dir)
+        self.total_training_steps = total_training_steps
+        self.global_steps = 0
+
+        algo, arr = config.algorithm, config.actor_rollout_ref
+        self.spec = get_estimator_spec(algo.adv_estimator)
+        self.use_critic = bool(config.critic.enable)
+        self.use_kl_in_reward = algo.use_kl_in_reward
+        self.use_reference = self.needs_reference(config)
+        self.kl_ctrl = get_kl_controller(
+            algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.horizon, algo.kl_ctrl.target_kl
+        )
+        rows = config.data.train_batch_size * arr.rollout.n
+        on_policy = arr.actor.ppo_mini_batch_size == config.data.train_batch_size and arr.actor.ppo_epochs == 1
+        # ℓ_old must be computed unless the actor can take it from its own first forward pass.
+        self.compute_old_log_probs = not on_policy or self.use_kl_in_reward or self.spec.needs_old_log_probs
+        self.rows_per_step = rows
+        # Phase variants chosen once (ReMax's greedy baseline pass is one).
+        self.baseline_phase = self.compute_reward_baselines if self.spec.needs_reward_baselines else None
+        if self.use_reference and workers.ref is None:
+            raise ValueError("this configuration needs a reference policy (KL loss / KL in reward) but no ref workers were built")
+        if self.use_critic and workers.critic is None:
+            raise ValueError(f"adv_estimator={algo.adv_estimator} needs a critic but no critic workers were built")
+
+    @staticmethod
+    def needs_reference(config: PPOConfig) -> bool:
+        """A reference policy is built iff a KL term or the estimator needs ℓ_ref."""
+        algo = config.algorithm
+        spec = get_estimator_spec(algo.adv_estimator)
+        return config.actor_rollout_ref.actor.use_kl_loss or algo.use_kl_in_reward or spec.needs_ref_log_prob
+
+    # ------------------------------------------------------------------------------ loop
+    def fit(self) -> dict[str, float]:
+        """Train until ``total_training_steps``; returns the last step's metrics."""
+        self.load_checkpoint()
+        if self.global_steps >= self.total_training_steps:
+            print(f"training already finished: step {self.global_steps} of {self.total_training_steps}; nothing to do")
+            return {}
+        trainer_cfg = self.config.trainer
+        if trainer_cfg.val_before_train and self.global_steps == 0 and self.val_loader is not None:
+            self.tracking.log(self.validate(), step=0)
+        last: dict[str, float] = {}
+        progress = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="training", unit="step")
+        batches = self._train_batches()
+        while self.global_steps < self.total_training_steps:
+            batch = DataProto.from_single_dict(next(batches))
+            self.global_steps += 1
+            last = self.step(batch)
+            is_last = self.global_steps == self.total_training_steps
+            if self._due(trainer_cfg.test_freq, is_last) and self.val_loader is not None:
+                last |= self.validate()
+            if self._due(trainer_cfg.save_freq, is_last):
+                self.save_checkpoint()
+            self.tracking.log(last, step=self.global_steps)
+            progress.set_postfix(score=f"{last['critic/score/mean']:.3f}", step_s=f"{last['timing_s/step']:.1f}")
+            progress.update(1)
+        progress.close()
+        return last
+
+    def _train_batches(self):
+        """Batches across epochs, continuing from the loader's (possibly restored) position."""
+        while True:
+            yield from self.train_loader
+
+    def _due(self, freq: int, is_last: bool) -> bool:
+        return freq > 0 and (self.global_steps % freq == 0 or is_last)
+
+    def step(self, batch: DataProto) -> dict[str, float]:
+        """One iteration of the algorithm; returns its metrics."""
+        timer = Timer()
+        metrics: dict[str, float] = {}
+        with timer.phase("step"):
+            batch = self.prepare(batch, self.config.actor_rollout_ref.rollout.n)
+            with timer.phase("gen"):
+                batch = self.generate(batch)
+            if self.baseline_phase is not None:
+                with timer.phase("gen_baseline"):
+                    batch = self.baseline_phase(batch)
+            with timer.phase("reward"):
+                metrics |= self.compute_reward(batch)
+            if self.compute_old_log_probs:
+                with timer.phase("old_log_prob"):
+                    metrics |= self.compute_old_log_prob(batch)
+            if self.use_reference:
+                with timer.phase("ref"):
+                    batch = batch.union(self.workers.ref.compute_ref_log_prob(batch))
+            if self.use_critic:
+                with timer.phase("values"):
+                    batch = batch.union(self.workers.critic.compute_values(batch))
+            with timer.phase("adv"):
+                metrics |= self.compute_advantage(batch)
+            if self.use_critic:
+                with timer.phase("update_critic"):
+                    metrics |= self.update_critic(batch)
+            if self.global_steps > self.config.trainer.critic_warmup:
+                with timer.phase("update_actor"):
+                    metrics |= self.update_actor(batch)
+            with timer.phase("sync_weights"):
+                self.workers.rollout.update_weights()
+        self.dump_rollouts(batch)
+        metrics |= compute_data_metrics(batch, self.use_critic)
+        metrics |= timer.metrics()
+        metrics |= compute_throughput_metrics(batch, timer.timings["step"])
+        metrics["training/global_step"] = float(self.global_steps)
+        return metrics
+
+    # ------------------------------------------------------------------------------ phases
+    def prepare(self, batch: DataProto, n: int) -> DataProto:
+        """0: a group id per prompt (deterministic: step and row), then n interleaved copies."""
+        uids = np.array([f"{self.global_steps}-{i}" for i in range(len(batch))], dtype=object)
+        batch.non_tensor_batch[F.UID] = uids
+        return batch.repeat(repeat_times=n, interleave=True)
+
+    def generate(self, batch: DataProto, validate: bool = False) -> DataProto:
+        """1: sample one response per row; the step number seeds the sampler (resumable)."""
+        prompts = batch.pop(batch_keys=[F.INPUT_IDS, F.ATTENTION_MASK, F.POSITION_IDS])
+        prompts.meta_info.update(self._sampling_meta(validate))
+        output = self.workers.rollout.generate_sequences(prompts)
+        return output.union(batch)
+
+    def _sampling_meta(self, validate: bool) -> dict[str, Any]:
+        rollout = self.config.actor_rollout_ref.rollout
+        meta: dict[str, Any] = {
+            "eos_token_id": self.tokenizer.eos_token_id,
+            "pad_token_id": self.tokenizer.pad_token_id,
+            "seed": self.config.trainer.seed * 1_000_003 + self.global_steps * 2 + int(validate),
+            "validate": validate,
+        }
+        if validate:
+            vk = rollout.val_kwargs
+            meta |= {"do_sample": vk.do_sample, "temperature": vk.temperature, "top_p": vk.top_p, "top_k": vk.top_k}
+        return meta
+
+    def compute_reward_baselines(self, batch: DataProto) -> DataProto:
+        """1b (ReMax): score one greedy response per prompt; it is each row's baseline b_i."""
+        n = self.config.actor_rollout_ref.rollout.n
+        firsts = batch.select_idxs(np.arange(0, len(batch), n))
+        prompts = firsts.select(batch_keys=[F.PROMPTS], non_tensor_batch_keys=list(firsts.non_tensor_batch))
+        greedy_in = DataProto.from_dict(
+            tensors={
+                F.INPUT_IDS: firsts.batch[F.PROMPTS],
+                F.ATTENTION_MASK: firsts.batch[F.ATTENTION_MASK][:, : firsts.batch[F.PROMPTS].shape[1]],
+                F.POSITION_IDS: firsts.batch[F.POSITION_IDS][:, : firsts.batch[F.PROMPTS].shape[1]],
+            },
+            meta_info={**self._sampling_meta(False), "do_sample": False},
+        )
+        greedy = self.workers.rollout.generate_sequences(greedy_in)
+        greedy.non_tensor_batch.update(prompts.non_tensor_batch)
+        scores, _ = self.reward_fn(greedy)
+        baselines = scores.sum(-1).repeat_interleave(n)
+        batch.batch[F.REWARD_BASELINES] = baselines
+        return batch
+
+    def compute_reward(self, batch: DataProto) -> dict[str, float]:
+        """2: token_level_scores (B, T) from the reward manager; fault counts as metrics."""
+        scores, extra = self.reward_fn(batch)
+        batch.batch[F.TOKEN_LEVEL_SCORES] = scores
+        batch.meta_info["reward_extra_info"] = extra
+        return reward_fault_metrics(extra)
+
+    def compute_old_log_prob(self, batch: DataProto) -> dict[str, float]:
+        """3: ℓ_old and entropy from the actor; the rollout/actor mismatch is a metric."""
+        batch.meta_info["calculate_sum_pi_squared"] = self.spec.needs_sum_pi_squared
+        out = self.workers.actor.compute_log_prob(batch)
+        keep = [F.OLD_LOG_PROBS] + ([F.SUM_PI_SQUARED] if self.spec.needs_sum_pi_squared else [])
+        batch.union(out.select(batch_keys=keep))
+        mask = batch.batch[F.RESPONSE_MASK].bool()
+        metrics = {"actor/entropy_old": out.batch[F.ENTROPYS][mask].mean().item()}
+        if F.ROLLOUT_LOG_PROBS in batch.batch.keys():
+            diff = (batch.batch[F.ROLLOUT_LOG_PROBS] - batch.batch[F.OLD_LOG_PROBS]).abs()[mask]
+            metrics["rollout/actor_logprob_diff"] = diff.max().item() if diff.numel() else 0.0
+            metrics["rollout/actor_logprob_diff_mean"] = diff.mean().item() if diff.numel() else 0.0
+        return metrics
+
+    def compute_advantage(self, batch: DataProto) -> dict[str, float]:
+        """6: KL-in-reward (if on), then the registered estimator through one call path."""
+        td, metrics = batch.batch, {}
+        mask = td[F.RESPONSE_MASK].float()
+        if self.use_kl_in_reward:
+            rewards, metrics = apply_kl_penalty(
+                td[F.TOKEN_LEVEL_SCORES], td[F.OLD_LOG_PROBS], td[F.REF_LOG_PROB], mask,
+                self.kl_ctrl, self.config.algorithm.kl_penalty,
+            )
+            td[F.TOKEN_LEVEL_REWARDS] = rewards
+        else:
+            td[F.TOKEN_LEVEL_REWARDS] = td[F.TOKEN_LEVEL_SCORES]
+        keys = td.keys()
+        advantages, returns = compute_advantage(
+            self.config.algorithm.adv_estimator,
+            token_level_rewards=td[F.TOKEN_LEVEL_REWARDS],
+            response_mask=mask,
+            index=batch.non_tensor_batch[F.UID],
+            values=td[F.VALUES] if F.VALUES in keys else None,
+            reward_baselines=td[F.REWARD_BASELINES] if F.REWARD_BASELINES in keys else None,
+            old_log_probs=td[F.OLD_LOG_PROBS] if F.OLD_LOG_PROBS in keys else None,
+            ref_log_prob=td[F.REF_LOG_PROB] if F.REF_LOG_PROB in keys else None,
+            sum_pi_squared=td[F.SUM_PI_SQUARED] if F.SUM_PI_SQUARED in keys else None,
+            reward_components=self._reward_components(batch),
+            params=advantage_params(self.config.algorithm),
+        )
+        td[F.ADVANTAGES], td[F.RETURNS] = advantages, returns
+        return metrics
+
+    def _reward_components(self, batch: DataProto) -> torch.Tensor | None:
+        """(B, K) scorer outputs named by ``algorithm.gdpo_reward_keys`` (multi-reward estimators)."""
+        keys = self.config.algorithm.gdpo_reward_keys
+        if not (self.spec.needs_multi_reward and keys):
+            return None
+        extra = batch.meta_info["reward_extra_info"]
+        missing = [k for k in keys if k not in extra]
+        if missing:
+            raise ValueError(
+                f"algorithm.gdpo_reward_keys names {missing}, which the scorer did not return "
+                f"(it returned: {sorted(extra)})"
+            )
+        return torch.tensor([[float(v) for v in extra[k]] for k in keys], dtype=torch.float32).T
+
+    def update_critic(self, batch: DataProto) -> dict[str, float]:
+        """7a: value-function update; returns critic/* metrics."""
+        return reduce_metrics(self.workers.critic.update_critic(batch).meta_info["metrics"])
+
+    def update_actor(self, batch: DataProto) -> dict[str, float]:
+        """7b: policy update; returns actor/* metrics."""
+        return reduce_metrics(self.workers.actor.update_actor(batch).meta_info["metrics"])
+
+    # ------------------------------------------------------------------------------ validation
+    def validate(self) -> dict[str, float]:
+        """Greedy (val_kwargs) responses on the whole validation set, scored per data source."""
+        vk = self.config.actor_rollout_ref.rollout.val_kwargs
+        sources, prompt_ids, scores, preds, samples = [], [], [], [], []
+        for start, batch_dict in enumerate(self.val_loader):
+            batch = DataProto.from_single_dict(batch_dict)
+            batch.non_tensor_batch[F.UID] = np.array([f"val{start}-{i}" for i in range(len(batch))], dtype=object)
+            batch = self.generate(batch.repeat(vk.n, interleave=True), validate=True)
+            token_scores, extra = self.val_reward_fn(batch)
+            row_scores = token_scores.sum(-1).tolist()
+            sources += batch.non_tensor_batch[F.DATA_SOURCE].tolist()
+            prompt_ids += batch.non_tensor_batch[F.UID].tolist()
+            scores += row_scores
+            preds += extra["pred"] if "pred" in extra else []
+            samples += self._decode_samples(batch, row_scores)
+        metrics = validation_metrics(sources, prompt_ids, scores, preds if len(preds) == len(scores) else None)
+        means = [v for k, v in metrics.items() if "/mean@" in k]
+        metrics["val-core/mean"] = float(np.mean(means)) if means else float("nan")
+        self._print_samples(samples)
+        return metrics
+
+    def _decode_samples(self, batch: DataProto, scores: list[float]) -> list[tuple[str, str, float]]:
+        k = self.config.trainer.log_val_generations
+        if k <= 0:
+            return []
+        td = batch.batch
+        rows = range(min(k, len(batch)))
+        return [
+            (
+                self.tokenizer.decode(td[F.PROMPTS][i][td[F.ATTENTION_MASK][i, : td[F.PROMPTS].shape[1]].bool()], skip_special_tokens=True),
+                self.tokenizer.decode(td[F.RESPONSES][i][td[F.RESPONSE_MASK][i].bool()], skip_special_tokens=True),
+                scores[i],
+            )
+            for i in rows
+        ]
+
+    def _print_samples(self, samples: list[tuple[str, str, float]]) -> None:
+        for prompt, response, score in samples[: self.config.trainer.log_val_generations]:
+            tail = prompt.strip().splitlines()[-2:] if prompt.strip() else [""]
+            print(f"[val sample] score={score:.2f} prompt=…{' / '.join(tail)!r} response={response!r}")
+
+    # ------------------------------------------------------------------------------ bookkeeping
+    def dump_rollouts(self, batch: DataProto) -> None:
+        """``trainer.rollout_data_dir``: one JSONL per step of prompts, responses and scores."""
+        out_dir = self.config.trainer.rollout_data_dir
+        if not out_dir:
+            return
+        td = batch.batch
+        scores = td[F.TOKEN_LEVEL_SCORES].sum(-1).tolist()
+        prompt_width = td[F.PROMPTS].shape[1]
+        path = Path(out_dir) / f"{self.global_steps}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", encoding="utf-8") as f:
+            for i in range(len(batch)):
+                prompt = self.tokenizer.decode(td[F.PROMPTS][i][td[F.ATTENTION_MASK][i, :prompt_width].bool()])
+                response = self.tokenizer.decode(td[F.RESPONSES][i][td[F.RESPONSE_MASK][i].bool()])
+                row = {"step": self.global_steps, "uid": str(batch.non_tensor_batch[F.UID][i]),
+                       "prompt": prompt, "response": response, "score": scores[i]}
+                f.write(json.dumps(row) + "\n")
+
+    def save_checkpoint(self) -> Path:
+        """Actor (and critic) states, then the controller's, committed atomically."""
+        trainer_cfg = self.config.trainer
+        paths = ckpt.begin_checkpoint(trainer_cfg.default_local_dir, self.global_steps)
+        self.workers.actor.save_checkpoint(str(paths.actor))
+        if self.use_critic:
+            self.workers.critic.save_checkpoint(str(paths.critic))
+        state = {
+            "global_steps": self.global_steps,
+            "dataloader": self.train_loader.state_dict(),
+            "kl_ctrl": self.kl_ctrl.state_dict(),
+            "rng": ckpt.rng_state(),
+        }
+        ckpt.save_controller_state(paths.controller_state, state)
+        ckpt.commit_checkpoint(paths, self.global_steps, trainer_cfg.max_actor_ckpt_to_keep)
+        return paths.root
+
+    def load_checkpoint(self) -> None:
+        trainer_cfg = self.config.trainer
+        path = ckpt.find_resume_checkpoint(
+            trainer_cfg.default_local_dir, trainer_cfg.resume_mode, trainer_cfg.resume_from_path
+        )
+        if path is None:
+            return
+        state = ckpt.load_controller_state(path)
+        self.workers.actor.load_checkpoint(str(path / "actor"))
+        if self.use_critic:
+            self.workers.critic.load_checkpoint(str(path / "critic"))
+        self.train_loader.load_state_dict(state["dataloader"])
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        ckpt.set_rng_state(state["rng"])
+        self.global_steps = int(state["global_steps"])
+        print(f"resumed from {path} at step {self.global_steps}")

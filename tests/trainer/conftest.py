@@ -1,0 +1,40 @@
+"""Fixtures for end-to-end trainer runs on the tiny model and a tiny arithmetic task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+DENSE_REWARD = Path(__file__).with_name("dense_reward.py")
+
+
+@pytest.fixture(scope="session")
+def tiny_task_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from hybridflow.data.__main__ import main as data_main
+
+    out = tmp_path_factory.mktemp("arith")
+    assert data_main(["arithmetic", "--out", str(out), "--train-size", "32", "--test-size", "8", "--digits", "1"]) == 0
+    return out
+
+
+def tiny_overrides(task_dir: Path, run_dir: Path, model_dir: Path, *extra: str) -> list[str]:
+    """A small, fast GRPO config on the tiny model; ``extra`` overrides are appended."""
+    return [
+        f"data.train_files=[{task_dir / 'train.parquet'}]",
+        f"data.val_files=[{task_dir / 'test.parquet'}]",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=96",
+        "data.max_response_length=8",
+        f"actor_rollout_ref.model.path={model_dir}",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.rollout.n=2",
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=false",
+        "trainer.logger=[jsonl]",
+        f"trainer.default_local_dir={run_dir}",
+        f"custom_reward_function.path={DENSE_REWARD}",
+        *extra,
+    ]
