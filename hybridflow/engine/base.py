@@ -109,6 +109,6 @@ class EngineSpec:
     multi_process: bool  # can train across several data-parallel ranks
 
 
-# name ("torch", later "fsdp") -> engine class; built as ENGINES.get(name)(module, **explicit_args),
+# name ("torch", "fsdp") -> engine class; built as ENGINES.get(name)(module, **explicit_args),
 # with ENGINES.meta(name) an EngineSpec.
 ENGINES: Registry[type[TrainEngine]] = Registry("training engine")

@@ -102,7 +102,8 @@ def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> W
     """Actor + rollout (+ reference) colocated per rank; the critic in its own group."""
     trainer = config.trainer
     device = resolve_device(trainer.device)
-    pool = ResourcePool([trainer.n_gpus_per_node] * trainer.nnodes)
+    # use_gpu: on Ray each rank gets its own GPU (CUDA_VISIBLE_DEVICES); the local backend ignores it
+    pool = ResourcePool([trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=device == "cuda")
     if trainer.backend == "ray":
         from hybridflow.controller.ray_backend import init_ray
 

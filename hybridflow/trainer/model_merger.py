@@ -10,8 +10,9 @@ Input: an actor checkpoint as the trainer writes it (any of these paths)::
 
 The weights are read by a checkpoint reader picked from ``CHECKPOINT_READERS`` (detected from
 the folder, or named with ``backend``). A reader returns the full state dict under the training
-module's names: the single-process ``torch`` engine's one ``model.safetensors`` now; a sharded
-engine registers a reader that gathers its ``rank_r/`` files into the same full state dict.
+module's names: the single-process ``torch`` engine's one ``model.safetensors``, or the ``fsdp``
+engine's per-rank DCP shards (``model/__r_0.distcp`` + ``fsdp_meta.json``) reassembled into the
+same full state dict.
 
 Output (``target_dir``, written atomically): ``model.safetensors`` + ``config.json`` +
 ``generation_config.json`` + tokenizer files, loadable with
@@ -35,6 +36,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from hybridflow.engine.checkpoint import MODEL_FILE, atomic_directory
+from hybridflow.engine.fsdp_checkpoint import is_fsdp_checkpoint, read_full_model_state
 from hybridflow.models.hf_metadata import ADAPTER_CONFIG_FILE, CONFIG_FILE, GENERATION_CONFIG_FILE, HF_CONFIG_DIR
 from hybridflow.trainer.checkpoint import LATEST_FILE
 from hybridflow.utils.registry import Registry
@@ -82,6 +84,17 @@ def read_torch_checkpoint(path: Path) -> dict[str, torch.Tensor]:
         return load_file(str(file))
     except (SafetensorError, OSError) as err:
         raise CheckpointError(f"{file}: not a readable safetensors file ({err}); the checkpoint is corrupt or truncated") from err
+
+
+@CHECKPOINT_READERS.register(
+    "fsdp", meta=ReaderSpec(is_fsdp_checkpoint, "FSDP engine: per-rank model/__r_0.distcp shards + fsdp_meta.json")
+)
+def read_fsdp_checkpoint(path: Path) -> dict[str, torch.Tensor]:
+    """The full state dict reassembled from every rank's shard (no process group needed)."""
+    try:
+        return read_full_model_state(path)
+    except (OSError, ValueError, RuntimeError) as err:  # DCP raises these for missing or corrupt shards
+        raise CheckpointError(f"{path}: cannot reassemble the FSDP shards: {type(err).__name__}: {err}") from err
 
 
 def detect_backend(path: Path) -> str:
