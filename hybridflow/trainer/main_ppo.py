@@ -16,7 +16,7 @@ import torch
 
 from hybridflow.config import ConfigError, PPOConfig, load_config
 from hybridflow.config.build import to_dict
-from hybridflow.controller import ClassWithInitArgs, ResourcePool, create_worker_group
+from hybridflow.controller import ClassWithInitArgs, ResourcePool, colocated_class, create_worker_group
 from hybridflow.data import RLDataset, StatefulDataLoader
 from hybridflow.data.tasks import TASKS
 from hybridflow.models import load_tokenizer, resolve_model_path
@@ -24,7 +24,7 @@ from hybridflow.tracking import Tracking
 from hybridflow.trainer.plot import plot_run
 from hybridflow.trainer.ppo_trainer import PPOTrainer, WorkerGroups
 from hybridflow.workers.critic import CriticWorker
-from hybridflow.workers.placement import colocated_actor_rollout_ref
+from hybridflow.workers.placement import actor_rollout_ref_roles
 from hybridflow.workers.reward import build_reward_manager, load_custom_reward_function
 from hybridflow.workers.rollout.worker import RolloutWorker
 
@@ -99,7 +99,7 @@ def build_reward_fns(config: PPOConfig, tokenizer):
 
 
 def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> WorkerGroups:
-    """Actor + rollout (+ reference) colocated per rank; the critic in its own group."""
+    """Actor + rollout (+ reference) (+ critic) colocated: one process per rank hosts every role."""
     trainer = config.trainer
     device = resolve_device(trainer.device)
     # use_gpu: on Ray each rank gets its own GPU (CUDA_VISIBLE_DEVICES); the local backend ignores it
@@ -110,22 +110,22 @@ def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> W
         init_ray(trainer.ray_address)
     arr = config.actor_rollout_ref
     rollout = ClassWithInitArgs(RolloutWorker, arr, device=device, seed=trainer.seed)
-    spec = colocated_actor_rollout_ref(
+    roles_spec = actor_rollout_ref_roles(
         arr, rollout=rollout, with_ref=use_reference, total_training_steps=total_steps, device=device, seed=trainer.seed
     )
-    roles = create_worker_group(trainer.backend, pool, spec).spawn()
-    for role in ("actor", "rollout", "ref"):  # actor first: it publishes the live policy
-        if role in roles:
-            roles[role].init_model()
-    critic = None
     if config.critic.enable:
-        critic_spec = ClassWithInitArgs(
+        roles_spec["critic"] = ClassWithInitArgs(
             CriticWorker, config.critic, rollout_n=arr.rollout.n, total_training_steps=total_steps,
             device=device, seed=trainer.seed, trust_remote_code=arr.model.trust_remote_code,
         )
-        critic = create_worker_group(trainer.backend, pool, critic_spec)
-        critic.init_model()
-    return WorkerGroups(actor=roles["actor"], rollout=roles["rollout"], ref=roles.get("ref"), critic=critic)
+    group = create_worker_group(trainer.backend, pool, colocated_class(roles_spec))
+    roles = group.spawn()
+    for role in ("actor", "rollout", "ref", "critic"):  # actor first: it publishes the live policy
+        if role in roles:
+            roles[role].init_model()
+    return WorkerGroups(
+        actor=roles["actor"], rollout=roles["rollout"], ref=roles.get("ref"), critic=roles.get("critic"), owner=group
+    )
 
 
 def build_trainer(config: PPOConfig) -> PPOTrainer:
@@ -153,7 +153,7 @@ def run(config: PPOConfig) -> dict[str, float]:
     try:
         metrics = trainer.fit()
     finally:
-        trainer.tracking.finish()
+        trainer.close()
     png = plot_run(trainer.run_dir)
     print(f"run folder: {trainer.run_dir} (metrics.jsonl, curves.png {png.name}, checkpoints)")
     return metrics

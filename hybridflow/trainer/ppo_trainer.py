@@ -38,6 +38,7 @@ from hybridflow.config.params import advantage_params
 from hybridflow.protocol import DataProto
 from hybridflow.tracking import Tracking
 from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer.balance import balance_batch
 from hybridflow.trainer.metrics import (
     Timer,
     compute_data_metrics,
@@ -58,6 +59,7 @@ class WorkerGroups:
     rollout: Any
     ref: Any | None = None
     critic: Any | None = None
+    owner: Any | None = None  # the group whose ranks host every role; shut down at the end
 
 
 class PPOTrainer:
@@ -103,6 +105,12 @@ class PPOTrainer:
         self.rows_per_step = rows
         # Phase variants chosen once (ReMax's greedy baseline pass is one).
         self.baseline_phase = self.compute_reward_baselines if self.spec.needs_reward_baselines else None
+        self.dp_size = config.trainer.nnodes * config.trainer.n_gpus_per_node
+        if algo.filter_groups.enable:
+            raise NotImplementedError(
+                "algorithm.filter_groups.enable=true (DAPO dynamic sampling) is not implemented yet; "
+                "run DAPO with the dapo reward manager and clip_ratio_high instead"
+            )
         if self.use_reference and workers.ref is None:
             raise ValueError("this configuration needs a reference policy (KL loss / KL in reward) but no ref workers were built")
         if self.use_critic and workers.critic is None:
@@ -164,6 +172,8 @@ class PPOTrainer:
                     batch = self.baseline_phase(batch)
             with timer.phase("reward"):
                 metrics |= self.compute_reward(batch)
+            if self.config.trainer.balance_batch and self.dp_size > 1:
+                metrics |= balance_batch(batch, self.dp_size)  # similar token counts per DP rank
             if self.compute_old_log_probs:
                 with timer.phase("old_log_prob"):
                     metrics |= self.compute_old_log_prob(batch)
@@ -386,6 +396,12 @@ class PPOTrainer:
         ckpt.save_controller_state(paths.controller_state, state)
         ckpt.commit_checkpoint(paths, self.global_steps, trainer_cfg.max_actor_ckpt_to_keep)
         return paths.root
+
+    def close(self) -> None:
+        """Flush the loggers and stop the worker processes (Ray actors) of this run."""
+        self.tracking.finish()
+        if self.workers.owner is not None:
+            self.workers.owner.shutdown()
 
     def load_checkpoint(self) -> None:
         trainer_cfg = self.config.trainer
