@@ -34,6 +34,8 @@ from hybridflow.workers.actor_loss import ADDITIVE_ACTOR_METRICS, ActorLoss
 from hybridflow.workers.data_parallel import dp_global_batch_info
 from hybridflow.workers.engine_factory import build_engine, needs_process_group
 from hybridflow.workers.ppo_loop import (
+    load_shuffle_state,
+    save_shuffle_state,
     iter_mini_batches,
     mean_over_steps,
     micro_batch_spec,
@@ -195,6 +197,7 @@ class ActorWorker(Worker):
         writes per-rank files there), tokenizer too, and the HF config (+ LoRA adapter config)
         in ``path/hf_config`` for the model merger."""
         self.engine.save_checkpoint(path)
+        save_shuffle_state(path, self.rank, self._shuffle_generator)
         if self.rank == 0:
             self.tokenizer.save_pretrained(os.path.join(path, "tokenizer"))
             save_hf_metadata(self.module, os.path.join(path, HF_CONFIG_DIR))
@@ -202,6 +205,7 @@ class ActorWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str, load_optimizer: bool = True) -> None:
         self.engine.load_checkpoint(path, load_optimizer=load_optimizer)
+        load_shuffle_state(path, self.rank, self._shuffle_generator)
 
 
 def _tensor_batch(data: DataProto, what: str) -> TensorDict:

@@ -26,6 +26,8 @@ from hybridflow.protocol import DataProto
 from hybridflow.workers.data_parallel import dp_global_batch_info
 from hybridflow.workers.engine_factory import build_engine, needs_process_group
 from hybridflow.workers.ppo_loop import (
+    load_shuffle_state,
+    save_shuffle_state,
     NUM_TOKENS_KEY,
     iter_mini_batches,
     mean_over_steps,
@@ -153,10 +155,12 @@ class CriticWorker(Worker):
     def save_checkpoint(self, path: str) -> None:
         """Engine state to ``path`` (a sharded engine writes every rank's files there)."""
         self.engine.save_checkpoint(path)
+        save_shuffle_state(path, self.rank, self._shuffle_generator)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str, load_optimizer: bool = True) -> None:
         self.engine.load_checkpoint(path, load_optimizer=load_optimizer)
+        load_shuffle_state(path, self.rank, self._shuffle_generator)
 
 
 def _tensor_batch(data: DataProto, what: str) -> TensorDict:

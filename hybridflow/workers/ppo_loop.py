@@ -8,6 +8,7 @@ into consecutive mini-batches (rows shuffled first when ``shuffle``) and passed 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Sequence
 
 import torch
@@ -96,3 +97,21 @@ def mean_over_steps(per_step: Sequence[dict[str, float]]) -> dict[str, float]:
     """Average each metric over the optimizer steps of one update call."""
     keys = {k for step in per_step for k in step}
     return {k: sum(s[k] for s in per_step if k in s) / sum(1 for s in per_step if k in s) for k in sorted(keys)}
+
+
+def shuffle_state_file(path: str, rank: int) -> str:
+    return os.path.join(path, f"shuffle_rng_rank_{rank}.pt")
+
+
+def save_shuffle_state(path: str, rank: int, generator: torch.Generator) -> None:
+    """The mini-batch shuffling generator's state (so a resumed run shuffles as an uninterrupted one)."""
+    file = shuffle_state_file(path, rank)
+    torch.save(generator.get_state(), file + ".tmp")
+    os.replace(file + ".tmp", file)
+
+
+def load_shuffle_state(path: str, rank: int, generator: torch.Generator) -> None:
+    file = shuffle_state_file(path, rank)
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"checkpoint {path} has no {os.path.basename(file)} (written by save_checkpoint)")
+    generator.set_state(torch.load(file))

@@ -72,7 +72,10 @@ def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def test_resume_equals_uninterrupted(tiny_task_dir, tmp_path, tiny_model_dir, monkeypatch):
-    common = ("trainer.total_training_steps=4", "trainer.save_freq=2", "actor_rollout_ref.actor.use_kl_loss=true")
+    # two shuffled mini-batches per step: the actor's shuffling RNG must be restored too
+    common = ("trainer.total_training_steps=4", "trainer.save_freq=2", "actor_rollout_ref.actor.use_kl_loss=true",
+              "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+              "actor_rollout_ref.actor.shuffle=true")
     full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
     run(load_config(None, tiny_overrides(tiny_task_dir, full_dir, tiny_model_dir, *common)))
 
