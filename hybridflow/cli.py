@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("hybridflow.trainer.main_plot", "draw a run directory's curves into a PNG"),
     "eval": ("hybridflow.trainer.main_eval", "score a file of generated responses: mean@N, best@N, maj@N per data source"),
     "export": ("hybridflow.trainer.main_merge", "checkpoint → Hugging Face folder (merge), or compare with a reference (test)"),
+    "generate": ("hybridflow.trainer.main_generation", "sample N responses per prompt of a parquet/jsonl file (resumable)"),
+    "serve": ("hybridflow.server.main", "OpenAI-compatible HTTP server over the built-in sampler (continuous batching)"),
 }
 
 

@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     "engine": 4,
     "workers": 5,
     "trainer": 6,
+    "server": 6,
     "agent": 6,
     "tracking": 6,
     "cli": 7,

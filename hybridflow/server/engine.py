@@ -1,0 +1,213 @@
+"""The engine thread: one :class:`ContinuousBatcher` stepping in the background.
+
+HTTP handlers run on the event loop and never touch the model. They hand work to this thread
+through a queue and await a ``concurrent.futures.Future``::
+
+    handler ──submit(GenRequest)──▶ inbox ──▶ engine thread: batcher.submit → step → step → …
+    handler ◀──Future[list[SampleOutput]]──────── a finished request resolves its future
+
+Weight updates go through the same queue. The thread stops admitting new requests, lets the
+running ones finish on the old weights, swaps the weights, then admits what queued meanwhile:
+no response ever mixes two weight versions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from hybridflow.server.weights import load_weights_from_folder
+from hybridflow.workers.rollout.continuous import ContinuousBatcher, GenRequest
+from hybridflow.workers.rollout.torch_rollout import build_decoder
+
+logger = logging.getLogger("hybridflow.server")
+
+_IDLE_POLL_S = 0.05  # how often an idle engine thread looks at the stop flag
+
+
+@dataclass
+class _Generate:
+    request: GenRequest
+    future: Future
+
+
+@dataclass
+class _UpdateWeights:
+    path: str
+    future: Future
+
+
+class GenerationEngine:
+    """Serves :class:`GenRequest` s from a background thread with continuous batching.
+
+    ``decoder`` / ``dtype`` choose the sampler's forward (see
+    :func:`~hybridflow.workers.rollout.torch_rollout.build_decoder`); ``max_rows`` bounds the
+    rows of one forward; ``batch_window_s`` makes an idle engine wait that long after the
+    first request for others to arrive, so a burst starts as one prefill instead of joining
+    step by step (0 = start at once); ``seed`` seeds the generator of requests without a seed.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        pad_token_id: int,
+        *,
+        decoder: str = "auto",
+        dtype: torch.dtype | None = None,
+        max_rows: int = 64,
+        batch_window_s: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        if batch_window_s < 0:
+            raise ValueError(f"batch_window_s must be >= 0, got {batch_window_s}")
+        self.model = model
+        self.decoder = build_decoder(model, decoder, dtype=dtype)
+        device = next(model.parameters()).device
+        generator = torch.Generator(device=device).manual_seed(seed)
+        self.batcher = ContinuousBatcher(
+            self.decoder, pad_token_id, max_rows=max_rows, generator=generator, device=device
+        )
+        self.batch_window_s = batch_window_s
+        self.weight_version = 0
+        self.started_at = time.time()
+        self._inbox: queue.Queue[_Generate | _UpdateWeights] = queue.Queue()
+        self._futures: dict[int, Future] = {}
+        self._updates: deque[_UpdateWeights] = deque()
+        self._deferred: deque[_Generate] = deque()  # arrived while an update waits for the batch to drain
+        self._stats_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hybridflow-engine", daemon=True)
+
+    # ---- called from other threads -------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread; requests still queued or running fail with ``RuntimeError``."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        waiting = [item.future for item in self._deferred] + [item.future for item in self._updates]
+        while not self._inbox.empty():
+            waiting.append(self._inbox.get_nowait().future)
+        self._fail(list(self._futures.values()) + waiting, RuntimeError("the server is shutting down"))
+
+    def submit(self, request: GenRequest) -> Future:
+        """Queue a request; the future resolves to its ``n`` :class:`SampleOutput` s."""
+        future: Future = Future()
+        self._inbox.put(_Generate(request, future))
+        return future
+
+    def update_weights_from_disk(self, path: str | os.PathLike) -> Future:
+        """Queue a weight reload from an HF folder; the future resolves to the tensors copied."""
+        future: Future = Future()
+        self._inbox.put(_UpdateWeights(os.fspath(path), future))
+        return future
+
+    def metrics(self) -> dict[str, Any]:
+        """Batching counters (see :class:`~hybridflow.workers.rollout.continuous.BatcherStats`) and queue sizes."""
+        with self._stats_lock:
+            stats = self.batcher.stats.as_dict()
+            running, waiting = self.batcher.num_running, self.batcher.num_waiting
+        return {
+            **stats,
+            "running_requests": running,
+            "waiting_requests": waiting + self._inbox.qsize() + len(self._deferred),
+            "weight_version": self.weight_version,
+            "uptime_s": round(time.time() - self.started_at, 3),
+        }
+
+    # ---- the engine thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._updates and self.batcher.idle:
+                self._apply_updates()
+            self._collect(block=self.batcher.idle and not self._deferred)
+            if not self.batcher.idle:
+                self._step()
+
+    def _collect(self, block: bool) -> None:
+        """Move everything in the inbox to the batcher (or to the update queue)."""
+        try:
+            item = self._inbox.get(timeout=_IDLE_POLL_S) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        items = [item]
+        if block and self.batch_window_s > 0:
+            deadline = time.monotonic() + self.batch_window_s
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    items.append(self._inbox.get(timeout=left))
+                except queue.Empty:
+                    break
+        while True:
+            try:
+                items.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        for item in items:
+            if isinstance(item, _UpdateWeights):
+                self._updates.append(item)
+            elif self._updates:
+                self._deferred.append(item)
+            else:
+                self._admit(item)
+
+    def _admit(self, item: _Generate) -> None:
+        if not item.future.set_running_or_notify_cancel():
+            return  # the client went away before we started
+        try:
+            with self._stats_lock:
+                handle = self.batcher.submit(item.request)
+        except ValueError as err:
+            item.future.set_exception(err)
+            return
+        self._futures[handle] = item.future
+
+    def _step(self) -> None:
+        try:
+            with self._stats_lock:
+                finished = self.batcher.step()
+        except Exception as err:  # a failed forward must not take the server down
+            logger.exception("generation step failed; failing the %d requests in flight", len(self._futures))
+            with self._stats_lock:
+                handles = self.batcher.abort_running()
+            futures = [self._futures.pop(h) for h in handles if h in self._futures]
+            self._fail(futures, RuntimeError(f"generation failed: {err}"))
+            return
+        for handle, outputs in finished:
+            future = self._futures.pop(handle)
+            if not future.done():
+                future.set_result(outputs)
+
+    def _apply_updates(self) -> None:
+        while self._updates:
+            update = self._updates.popleft()
+            if not update.future.set_running_or_notify_cancel():
+                continue
+            try:
+                copied = load_weights_from_folder(self.model, update.path)
+            except Exception as err:  # a bad folder (ValueError) or a failed copy must not kill the thread
+                update.future.set_exception(err)
+                continue
+            self.decoder.invalidate_weights()
+            self.weight_version += 1
+            update.future.set_result(copied)
+        while self._deferred:
+            self._admit(self._deferred.popleft())
+
+    @staticmethod
+    def _fail(futures: list[Future], err: Exception) -> None:
+        for future in futures:
+            if not future.done():
+                future.set_exception(err)

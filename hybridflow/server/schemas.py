@@ -1,0 +1,155 @@
+"""Request bodies of the server's endpoints (pydantic models; a body that does not fit is a 400).
+
+Field names and defaults are OpenAI's (``max_tokens`` 16 for completions, ``n`` 1,
+``temperature`` 1, ``top_p`` 1), plus the common open-source extensions ``top_k``,
+``ignore_eos`` and ``chat_template_kwargs`` (vLLM's names). Parameters we do not implement
+are accepted only at their neutral value (``presence_penalty=0``, ``stream=false``, ...), so
+a client never silently gets something other than what it asked for. Unknown fields and
+wrong types (``"max_tokens": "ten"``, ``"n": true``) are rejected.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_TOP_LOGPROBS = 20
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class OpenAISampling(_Body):
+    """Sampling fields shared by the two OpenAI endpoints."""
+
+    model: str
+    temperature: float = Field(1.0, ge=0, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1, description="extension; -1 or 0 = off")
+    n: int = Field(1, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    ignore_eos: bool = Field(False, description="extension: keep generating past the end-of-sequence token")
+    stream: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+    @model_validator(mode="after")
+    def _neutral_unsupported(self) -> OpenAISampling:
+        if self.stream:
+            raise ValueError("stream=true is not supported by this server; send stream=false")
+        if self.presence_penalty != 0 or self.frequency_penalty != 0:
+            raise ValueError("presence_penalty / frequency_penalty are not supported; leave them at 0")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported")
+        if self.stop == "" or (isinstance(self.stop, list) and any(not s for s in self.stop)):
+            raise ValueError("stop strings must be non-empty")
+        return self
+
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class CompletionRequest(OpenAISampling):
+    """``POST /v1/completions``: a text prompt (or several, or token ids) to continue."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _neutral_completion_fields(self) -> CompletionRequest:
+        if self.echo:
+            raise ValueError("echo=true is not supported")
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of other than n is not supported")
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("prompt is an empty list")
+        return self
+
+
+class ChatMessage(BaseModel):
+    """One chat message; extra keys (``tool_calls``, ``name``, ...) are handed to the chat template."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    role: str = Field(min_length=1)
+    content: str | list[dict[str, Any]] | None = None
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as the chat template expects it: text parts joined into one string."""
+        message = self.model_dump(exclude_none=True)
+        if isinstance(self.content, list):
+            texts = []
+            for j, part in enumerate(self.content):
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError(f"content part {j}: only {{'type': 'text', 'text': ...}} parts are supported")
+                texts.append(part["text"])
+            message["content"] = "".join(texts)
+        return message
+
+
+class ChatCompletionRequest(OpenAISampling):
+    """``POST /v1/chat/completions``: messages rendered with the tokenizer's chat template."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _check_chat_fields(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise ValueError("give max_tokens or max_completion_tokens, not both")
+        return self
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class GenerateSamplingParams(_Body):
+    """``sampling_params`` of ``POST /generate`` (the sampler's own names)."""
+
+    max_new_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1)
+    n: int = Field(1, ge=1)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+
+
+class GenerateRequest(_Body):
+    """``POST /generate``: token ids in, token ids and log-probs out (one prompt or a list)."""
+
+    input_ids: list[int] | list[list[int]] = Field(min_length=1)
+    sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
+    top_logprobs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def prompts(self) -> list[list[int]]:
+        if isinstance(self.input_ids[0], list):
+            return [list(p) for p in self.input_ids]  # type: ignore[arg-type]
+        return [list(self.input_ids)]  # type: ignore[arg-type]
+
+
+class UpdateWeightsRequest(_Body):
+    """``POST /update_weights_from_disk``: reload the weights from a Hugging Face folder."""
+
+    model_path: str = Field(min_length=1)

@@ -1,0 +1,337 @@
+"""Continuous batching over the decoder's step API: requests join a running batch between steps.
+
+The built-in sampler's :func:`~hybridflow.workers.rollout.generation.generate` runs one closed
+batch from prefill to the last token. A server sees requests arrive at any time, each with its
+own sampling settings and length, so :class:`ContinuousBatcher` drives the same decoder
+(:class:`~hybridflow.workers.rollout.generation.Decoder`: ``prefill`` / ``decode`` /
+``select_rows``) and the same token choice (:func:`~hybridflow.workers.rollout.sampling.sample_next`)
+one step at a time::
+
+    step():  waiting requests and room?  ──yes──▶ prefill every live row's full sequence
+                                                  (prompt ‖ tokens so far) + the new prompts
+                                        ──no───▶ decode one token for every cache row
+             sample a token per live row (rows grouped by their sampling settings)
+             rows that hit a stop token / stop check / their max_new_tokens finish
+             once ≥ 1/4 of the cache rows are finished, drop them from the cache
+
+Joining re-runs the prompt-and-response-so-far of the rows already running ("join by
+recompute"): the decoder's KV cache has one shared column per step and no operation that
+splices another cache into it, and a recompute is one batched forward, which on a CPU costs
+about as much as a few decode steps. A request that arrives while a batch decodes therefore
+waits at most one step, and a single request decodes exactly as ``generate`` does (prefill,
+then one decode step per token), so greedy output matches the sampler's token for token.
+
+Positions count real tokens only (``clamp(cumsum(mask) − 1, 0)``), as in the RL dataset, so a
+sequence gets the same positions whether it was prefilled once or re-prefilled after joining.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from hybridflow.workers.rollout.generation import Decoder
+from hybridflow.workers.rollout.sampling import SamplingParams, sample_next, token_log_probs
+
+_COMPACT_FRACTION = 4  # drop finished rows once they are ≥ 1/4 of the cache rows
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+
+StopCheck = Callable[[Sequence[int]], bool]
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    """One request: ``params.n`` responses to ``prompt_ids``.
+
+    ``params`` carries the limits and settings of :class:`SamplingParams`; ``top_logprobs``
+    asks for the k most likely tokens at every step; ``stop_check(response_ids)`` is asked
+    after every token and ends the response when it returns True (e.g. a stop string appeared
+    in the decoded text); ``seed`` gives the request its own random generator, so its samples
+    do not depend on which other requests share the batch.
+    """
+
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    top_logprobs: int = 0
+    stop_check: StopCheck | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError("prompt_ids is empty; a request needs at least one prompt token")
+        if self.top_logprobs < 0:
+            raise ValueError(f"top_logprobs must be >= 0, got {self.top_logprobs}")
+
+
+@dataclass
+class SampleOutput:
+    """One response: its token ids, the log-prob of each under the sampling temperature
+    (``log softmax(z / T)[token]``, T = 1 when greedy), the ``top_logprobs`` best
+    ``(token id, log-prob)`` pairs per step (empty lists when not asked for), and why it
+    ended: ``"stop"`` (stop token or stop check) or ``"length"`` (max_new_tokens)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass
+class BatcherStats:
+    """Counters for monitoring and for tests that check requests really share forwards.
+
+    ``forward_requests[k]`` = forwards (prefill or decode) that served k distinct requests;
+    ``forward_rows[k]`` = forwards over k cache rows (finished rows not yet dropped count).
+    """
+
+    forwards: int = 0
+    prefills: int = 0
+    joins: int = 0  # prefills that re-ran rows already decoding, to let new requests in
+    requests_finished: int = 0
+    tokens_generated: int = 0
+    forward_requests: Counter = field(default_factory=Counter)
+    forward_rows: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "forwards": self.forwards,
+            "prefills": self.prefills,
+            "joins": self.joins,
+            "requests_finished": self.requests_finished,
+            "tokens_generated": self.tokens_generated,
+            "max_requests_per_forward": max(self.forward_requests, default=0),
+            "max_rows_per_forward": max(self.forward_rows, default=0),
+            "forward_requests_histogram": {str(k): v for k, v in sorted(self.forward_requests.items())},
+            "forward_rows_histogram": {str(k): v for k, v in sorted(self.forward_rows.items())},
+        }
+
+
+@dataclass
+class _Row:
+    """One response being generated (a cache row while it is live)."""
+
+    handle: int
+    request: GenRequest
+    generator: torch.Generator | None
+    out: SampleOutput = field(default_factory=SampleOutput)
+
+    @property
+    def done(self) -> bool:
+        return self.out.finish_reason is not None
+
+    def sequence(self) -> list[int]:
+        return list(self.request.prompt_ids) + self.out.token_ids
+
+    def remaining(self) -> int:
+        return self.request.params.max_new_tokens - len(self.out.token_ids)
+
+
+class ContinuousBatcher:
+    """Step-driven scheduler: :meth:`submit` requests at any time, call :meth:`step` repeatedly.
+
+    Single-threaded by design (a server runs it on one engine thread). ``max_rows`` bounds the
+    rows of one forward; a request is admitted whole (all its ``n`` rows) when it fits.
+    ``generator`` is used by requests without a seed; ``device`` is where the decoder's
+    model lives (prompt tensors and per-request generators are made there).
+    """
+
+    def __init__(
+        self,
+        decoder: Decoder,
+        pad_token_id: int,
+        *,
+        max_rows: int = 64,
+        generator: torch.Generator | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        self.decoder = decoder
+        self.device = torch.device(device)
+        self.pad_token_id = int(pad_token_id)
+        self.max_rows = max_rows
+        self.generator = generator
+        self.stats = BatcherStats()
+        self._waiting: deque[tuple[int, GenRequest]] = deque()
+        self._rows: list[_Row] = []  # cache row i ↔ self._rows[i] (finished rows stay until compaction)
+        self._pending: dict[int, list[_Row]] = {}  # handle → its rows, until all are done
+        self._next_handle = 0
+
+    # ---- queue -------------------------------------------------------------------------------
+    def submit(self, request: GenRequest) -> int:
+        """Queue a request; returns its handle (reported by :meth:`step` when it finishes)."""
+        if request.params.n > self.max_rows:
+            raise ValueError(f"n={request.params.n} exceeds the batch limit of {self.max_rows} rows")
+        handle = self._next_handle
+        self._next_handle += 1
+        self._waiting.append((handle, request))
+        return handle
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting and nothing running."""
+        return not self._waiting and not self._pending
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        """Admitted requests not yet finished."""
+        return len(self._pending)
+
+    def abort_running(self) -> list[int]:
+        """Forget the admitted requests (after a failed step); returns their handles.
+
+        Waiting requests stay queued: they were not part of the forward that failed.
+        """
+        handles = sorted(self._pending)
+        self._rows = []
+        self._pending = {}
+        self.decoder.release()
+        return handles
+
+    # ---- one step ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[tuple[int, list[SampleOutput]]]:
+        """Admit, run one forward, sample one token per live row; returns finished requests."""
+        admitted = self._admit()
+        if admitted:
+            logits = self._prefill(joined=any(not row.done and row.out.token_ids for row in self._rows))
+        elif self._rows:
+            logits = self._decode()
+        else:
+            return []
+        self._count_forward()
+        finished = self._sample(logits)
+        self._maybe_compact()
+        return finished
+
+    def _admit(self) -> bool:
+        live = [row for row in self._rows if not row.done]
+        admitted = False
+        while self._waiting and len(live) + self._waiting[0][1].params.n <= self.max_rows:
+            handle, request = self._waiting.popleft()
+            generator = self.generator
+            if request.seed is not None:
+                generator = torch.Generator(device=self.device).manual_seed(request.seed)
+            rows = [_Row(handle, request, generator) for _ in range(request.params.n)]
+            self._pending[handle] = rows
+            live += rows
+            admitted = True
+        if admitted:
+            self._rows = live
+        return admitted
+
+    def _prefill(self, joined: bool) -> torch.Tensor:
+        """Prefill every live row's full sequence (identical ones once); logits (rows, V)."""
+        sequences = [row.sequence() for row in self._rows]
+        unique: dict[tuple[int, ...], int] = {}
+        which = [unique.setdefault(tuple(seq), len(unique)) for seq in sequences]
+        width = max(len(seq) for seq in sequences)
+        ids = torch.full((len(unique), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(unique), width), dtype=torch.long)
+        for u, seq in enumerate(unique):
+            ids[u, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            mask[u, width - len(seq) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        # The last sampled token is never fed back, so width + remaining − 1 columns suffice.
+        max_len = width + max(row.remaining() for row in self._rows) - 1
+        logits = self.decoder.prefill(ids, mask, positions, max_len)
+        fan_out = torch.tensor(which, dtype=torch.long, device=self.device)
+        if len(unique) != len(sequences):
+            self.decoder.select_rows(fan_out)
+            logits = logits[fan_out]
+        self.stats.prefills += 1
+        self.stats.joins += int(joined)
+        return logits
+
+    def _decode(self) -> torch.Tensor:
+        """Feed each row's last token (finished rows feed padding until they are dropped)."""
+        tokens, positions = [], []
+        for row in self._rows:
+            tokens.append(row.out.token_ids[-1] if not row.done else self.pad_token_id)
+            positions.append(len(row.request.prompt_ids) + len(row.out.token_ids) - 1)
+        return self.decoder.decode(
+            torch.tensor(tokens, dtype=torch.long, device=self.device),
+            torch.tensor(positions, dtype=torch.long, device=self.device),
+        )
+
+    def _count_forward(self) -> None:
+        stats = self.stats
+        stats.forwards += 1
+        stats.forward_rows[len(self._rows)] += 1
+        stats.forward_requests[len({row.handle for row in self._rows if not row.done})] += 1
+
+    def _sample(self, logits: torch.Tensor) -> list[tuple[int, list[SampleOutput]]]:
+        """One token for every live row, recorded; returns the requests that completed."""
+        groups: dict[tuple, list[int]] = {}
+        for i, row in enumerate(self._rows):
+            if not row.done:
+                p = row.request.params
+                key = (p.greedy, p.temperature, p.top_k, p.top_p, id(row.generator))
+                groups.setdefault(key, []).append(i)
+        finished: list[tuple[int, list[SampleOutput]]] = []
+        for index in groups.values():
+            rows = [self._rows[i] for i in index]
+            params, generator = rows[0].request.params, rows[0].generator
+            group_logits = logits[torch.tensor(index, device=logits.device)]
+            tokens, log_probs = sample_next(group_logits, params, generator)
+            tops = _top_logprobs(group_logits, params, [row.request.top_logprobs for row in rows])
+            for row, token, log_prob, top in zip(rows, tokens.tolist(), log_probs.tolist(), tops, strict=True):
+                if self._record(row, token, log_prob, top):
+                    finished += self._finish(row.handle)
+        return finished
+
+    def _record(self, row: _Row, token: int, log_prob: float, top: list[tuple[int, float]]) -> bool:
+        """Append one token; returns True when this row just finished."""
+        out, request = row.out, row.request
+        out.token_ids.append(token)
+        out.logprobs.append(log_prob)
+        out.top_logprobs.append(top)
+        self.stats.tokens_generated += 1
+        params = request.params
+        if not params.ignore_eos and token in params.stop_token_ids:
+            out.finish_reason = FINISH_STOP
+        elif request.stop_check is not None and request.stop_check(out.token_ids):
+            out.finish_reason = FINISH_STOP
+        elif len(out.token_ids) >= params.max_new_tokens:
+            out.finish_reason = FINISH_LENGTH
+        return out.finish_reason is not None
+
+    def _finish(self, handle: int) -> list[tuple[int, list[SampleOutput]]]:
+        rows = self._pending[handle]
+        if not all(row.done for row in rows):
+            return []
+        del self._pending[handle]
+        self.stats.requests_finished += 1
+        return [(handle, [row.out for row in rows])]
+
+    def _maybe_compact(self) -> None:
+        dead = sum(row.done for row in self._rows)
+        if dead == len(self._rows):
+            self._rows = []  # the next admission prefills a fresh cache
+            return
+        if dead and dead * _COMPACT_FRACTION >= len(self._rows):
+            keep = [i for i, row in enumerate(self._rows) if not row.done]
+            self.decoder.select_rows(torch.tensor(keep, dtype=torch.long, device=self.device))
+            self._rows = [self._rows[i] for i in keep]
+
+
+def _top_logprobs(logits: torch.Tensor, params: SamplingParams, ks: list[int]) -> list[list[tuple[int, float]]]:
+    """The k most likely tokens per row, with log-probs computed exactly as the sampled token's
+    (:func:`token_log_probs`, temperature 1 when greedy), so the two listings agree."""
+    k_max = min(max(ks), logits.shape[-1])
+    if k_max == 0:
+        return [[] for _ in ks]
+    temperature = 1.0 if params.greedy else params.temperature
+    ids = logits.topk(k_max, dim=-1).indices  # log softmax is monotone: same order as the logits
+    values = token_log_probs(logits.unsqueeze(1).expand(-1, k_max, -1), ids, temperature)
+    ids_list, values_list = ids.tolist(), values.tolist()
+    return [list(zip(ids_list[r][:k], values_list[r][:k], strict=True)) for r, k in enumerate(ks)]

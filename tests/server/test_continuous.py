@@ -1,0 +1,263 @@
+"""The continuous batcher: joining a running batch, limits, stop rules, compaction, seeds.
+
+Most tests use a scripted decoder whose next token depends only on (last token, position),
+so the expected output of every request is known in closed form, whatever else shares its
+batch and however often it was re-prefilled. The last tests run the tiny Llama for real.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer
+from hybridflow.workers.rollout.continuous import ContinuousBatcher, GenRequest
+from hybridflow.workers.rollout.generation import generate
+from hybridflow.workers.rollout.sampling import SamplingParams
+from hybridflow.workers.rollout.torch_rollout import build_decoder
+
+PAD, VOCAB = 0, 32
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """One intra-op thread: on a shared, busy 2-core machine a parallel op waits for its
+    descheduled second thread (~15 ms per op); the results are the same either way."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def chain(token: int, position: int) -> int:
+    """The scripted model: next token after ``token`` fed at ``position``."""
+    return 2 + (3 * token + position) % 29
+
+
+def expected(prompt: list[int], steps: int) -> list[int]:
+    tokens, token, position = [], prompt[-1], len(prompt) - 1
+    for _ in range(steps):
+        token = chain(token, position)
+        tokens.append(token)
+        position += 1
+    return tokens
+
+
+class ChainDecoder:
+    """Decoder protocol over :func:`chain`; records calls and enforces the cache size."""
+
+    def __init__(self) -> None:
+        self.state = torch.empty(0, 2, dtype=torch.long)  # per cache row: (last token, its position)
+        self.prefills: list[tuple[int, int, int]] = []  # (rows, width, max_len)
+        self.decodes: list[int] = []
+        self.selects: list[list[int]] = []
+        self.length = self.max_len = 0
+
+    def _logits(self) -> torch.Tensor:
+        nxt = [chain(int(t), int(p)) for t, p in self.state]
+        logits = torch.zeros(len(nxt), VOCAB)
+        logits[torch.arange(len(nxt)), torch.tensor(nxt, dtype=torch.long)] = 10.0
+        return logits
+
+    def prefill(self, input_ids, attention_mask, position_ids, max_len):
+        assert bool(attention_mask[:, -1].all()), "prompts must be left-padded"
+        assert torch.equal(position_ids, (attention_mask.cumsum(1) - 1).clamp(min=0))
+        self.prefills.append((input_ids.shape[0], input_ids.shape[1], max_len))
+        self.length, self.max_len = input_ids.shape[1], max_len
+        self.state = torch.stack([input_ids[:, -1], position_ids[:, -1]], dim=1)
+        return self._logits()
+
+    def decode(self, tokens, positions):
+        assert tokens.shape[0] == self.state.shape[0]
+        assert self.length < self.max_len, "KV cache full"
+        self.length += 1
+        self.decodes.append(tokens.shape[0])
+        self.state = torch.stack([tokens, positions], dim=1)
+        return self._logits()
+
+    def select_rows(self, index):
+        self.selects.append(index.tolist())
+        self.state = self.state[index]
+
+    def refresh_weights(self):
+        return 0
+
+    def invalidate_weights(self):
+        pass
+
+    def release(self):
+        self.state = torch.empty(0, 2, dtype=torch.long)
+
+
+def greedy(max_new: int, n: int = 1, stops: tuple[int, ...] = (), ignore_eos: bool = False) -> SamplingParams:
+    return SamplingParams(max_new_tokens=max_new, do_sample=False, n=n, stop_token_ids=stops, ignore_eos=ignore_eos)
+
+
+def run_all(batcher: ContinuousBatcher, arrivals: dict[int, list[GenRequest]], max_steps: int = 100) -> dict:
+    """Step until idle; ``arrivals[s]`` are submitted before step s. Returns handle → outputs."""
+    results, order = {}, []
+    for step in range(max_steps):
+        for request in arrivals.get(step, []):
+            order.append(batcher.submit(request))
+        for handle, outputs in batcher.step():
+            results[handle] = outputs
+        if batcher.idle and step >= max(arrivals):
+            break
+    return {h: results[h] for h in order}
+
+
+def test_single_request_is_one_prefill_then_one_decode_per_token():
+    decoder = ChainDecoder()
+    batcher = ContinuousBatcher(decoder, PAD)
+    (outputs,) = run_all(batcher, {0: [GenRequest((5, 7, 9), greedy(6))]}).values()
+    assert outputs[0].token_ids == expected([5, 7, 9], 6)
+    assert outputs[0].finish_reason == "length"
+    assert decoder.prefills == [(1, 3, 3 + 6 - 1)]
+    assert decoder.decodes == [1] * 5
+    assert batcher.stats.forwards == 6 and batcher.stats.tokens_generated == 6
+
+
+def test_a_request_joins_a_running_batch_at_the_next_step():
+    decoder = ChainDecoder()
+    batcher = ContinuousBatcher(decoder, PAD)
+    a, b = GenRequest((4, 11), greedy(8)), GenRequest((6, 2, 3, 8, 1), greedy(4))
+    out_a, out_b = run_all(batcher, {0: [a], 3: [b]}).values()
+    assert out_a[0].token_ids == expected([4, 11], 8)
+    assert out_b[0].token_ids == expected([6, 2, 3, 8, 1], 4)
+    # Step 3 re-prefills a's prompt + its 3 tokens (5) beside b's prompt (5): width 5, and
+    # the cache must hold a's remaining 5 tokens or b's 4: 5 + 5 − 1 columns.
+    assert decoder.prefills == [(1, 2, 9), (2, 5, 9)]
+    assert batcher.stats.joins == 1
+    # a alone for 3 forwards, a and b together for 4 (b's 4 tokens), a alone for its last one
+    assert batcher.stats.forward_requests == {1: 4, 2: 4}
+    assert decoder.decodes == [1, 1, 2, 2, 2, 1]
+
+
+def test_stop_tokens_end_a_response_unless_ignore_eos():
+    prompt = (3, 4)
+    full = expected(list(prompt), 6)
+    stop = full[2]
+    first_stop = full.index(stop)
+    batcher = ContinuousBatcher(ChainDecoder(), PAD)
+    requests = [GenRequest(prompt, greedy(6, stops=(stop,))),
+                GenRequest(prompt, greedy(6, stops=(stop,), ignore_eos=True))]
+    stopped, ignored = run_all(batcher, {0: requests}).values()
+    assert stopped[0].token_ids == full[: first_stop + 1]  # the stop token is kept
+    assert stopped[0].finish_reason == "stop"
+    assert ignored[0].token_ids == full and ignored[0].finish_reason == "length"
+
+
+def test_stop_check_sees_the_response_so_far():
+    seen: list[list[int]] = []
+
+    def check(ids):
+        seen.append(list(ids))
+        return len(ids) == 2
+
+    batcher = ContinuousBatcher(ChainDecoder(), PAD)
+    (out,) = run_all(batcher, {0: [GenRequest((9,), greedy(5), stop_check=check)]}).values()
+    assert out[0].token_ids == expected([9], 2) and out[0].finish_reason == "stop"
+    assert seen == [expected([9], 1), expected([9], 2)]
+
+
+def test_n_samples_share_one_prefill_row():
+    decoder = ChainDecoder()
+    batcher = ContinuousBatcher(decoder, PAD)
+    (outputs,) = run_all(batcher, {0: [GenRequest((7, 8), greedy(3, n=3))]}).values()
+    assert [o.token_ids for o in outputs] == [expected([7, 8], 3)] * 3
+    assert decoder.prefills[0][0] == 1 and decoder.selects[0] == [0, 0, 0]
+
+
+def test_finished_rows_leave_the_cache_once_a_quarter_is_done():
+    decoder = ChainDecoder()
+    batcher = ContinuousBatcher(decoder, PAD)
+    requests = [GenRequest((p,), greedy(m)) for p, m in ((5, 1), (6, 4), (7, 4), (8, 4))]
+    results = run_all(batcher, {0: requests})
+    assert [r[0].token_ids for r in results.values()] == [expected([p], m) for p, m in ((5, 1), (6, 4), (7, 4), (8, 4))]
+    assert decoder.selects == [[1, 2, 3]]  # 1 of 4 finished after the first token
+    assert decoder.decodes == [3, 3, 3]
+
+
+def test_max_rows_holds_requests_back_until_there_is_room():
+    decoder = ChainDecoder()
+    batcher = ContinuousBatcher(decoder, PAD, max_rows=2)
+    requests = [GenRequest((4,), greedy(2)), GenRequest((5,), greedy(5)), GenRequest((6,), greedy(2))]
+    results = run_all(batcher, {0: requests})
+    assert [r[0].token_ids for r in results.values()] == [expected([4], 2), expected([5], 5), expected([6], 2)]
+    assert max(batcher.stats.forward_rows) == 2
+    assert decoder.prefills[1][0] == 2  # the third request joined once the first was done
+    with pytest.raises(ValueError, match="n=3 exceeds the batch limit of 2 rows"):
+        batcher.submit(GenRequest((4,), greedy(2, n=3)))
+
+
+def test_abort_running_forgets_admitted_requests_and_keeps_the_queue():
+    batcher = ContinuousBatcher(ChainDecoder(), PAD)
+    first = batcher.submit(GenRequest((4,), greedy(5)))
+    batcher.step()
+    second = batcher.submit(GenRequest((5,), greedy(2)))
+    assert batcher.num_running == 1 and batcher.num_waiting == 1
+    assert batcher.abort_running() == [first]
+    assert batcher.num_running == 0 and batcher.num_waiting == 1
+    finished = [handle for _ in range(5) for handle, _ in batcher.step()]
+    assert finished == [second] and batcher.idle  # the queued request ran after the abort
+
+
+def test_bad_requests_are_refused():
+    with pytest.raises(ValueError, match="prompt_ids is empty"):
+        GenRequest((), greedy(2))
+    with pytest.raises(ValueError, match="top_logprobs must be >= 0"):
+        GenRequest((1,), greedy(2), top_logprobs=-1)
+    with pytest.raises(ValueError, match="max_rows must be >= 1"):
+        ContinuousBatcher(ChainDecoder(), PAD, max_rows=0)
+
+
+# ---- the tiny Llama ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """Tiny Llama, its tokenizer, and one decoder over it (reused: packing weights is the slow part)."""
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(tokenizer)
+    return model, tokenizer, build_decoder(model)
+
+
+def _ids(tokenizer, text: str) -> tuple[int, ...]:
+    return tuple(tokenizer(text)["input_ids"])
+
+
+def _alone(decoder, prompt: tuple[int, ...], params: SamplingParams) -> list[int]:
+    ids = torch.tensor([prompt])
+    mask = torch.ones_like(ids)
+    out = generate(decoder, ids, mask, mask.cumsum(1) - 1, params, PAD)
+    return out.responses[0, : out.lengths[0]].tolist()
+
+
+def test_joined_greedy_output_equals_the_sampler_run_alone(tiny):
+    _, tokenizer, decoder = tiny
+    params = greedy(12, stops=(tokenizer.eos_token_id,))
+    prompts = [_ids(tokenizer, t) for t in ("What is 7 + 5?", "Hi", "The quick brown fox jumps over")]
+    batcher = ContinuousBatcher(decoder, tokenizer.pad_token_id)
+    results = run_all(batcher, {0: [GenRequest(prompts[0], params)], 2: [GenRequest(prompts[1], params)],
+                                5: [GenRequest(prompts[2], params)]})
+    assert [r[0].token_ids for r in results.values()] == [_alone(decoder, p, params) for p in prompts]
+    assert batcher.stats.joins == 2 and max(batcher.stats.forward_requests) == 3
+
+
+def test_a_seeded_request_samples_the_same_with_or_without_company(tiny):
+    _, tokenizer, decoder = tiny
+    sampled = SamplingParams(max_new_tokens=10, temperature=1.0, top_k=50)
+    request = GenRequest(_ids(tokenizer, "Hi"), sampled, seed=123)
+    alone = run_all(ContinuousBatcher(decoder, tokenizer.pad_token_id), {0: [request]})
+    crowd = [GenRequest(_ids(tokenizer, "What is 7 + 5?"), sampled), request, GenRequest(_ids(tokenizer, "x"), sampled)]
+    together = run_all(ContinuousBatcher(decoder, tokenizer.pad_token_id), {0: crowd[:1], 1: crowd[1:]})
+    assert list(together.values())[1][0].token_ids == list(alone.values())[0][0].token_ids
+
+
+def test_top_logprobs_list_the_greedy_token_first_with_its_logprob(tiny):
+    _, tokenizer, decoder = tiny
+    batcher = ContinuousBatcher(decoder, tokenizer.pad_token_id)
+    (out,) = run_all(batcher, {0: [GenRequest(_ids(tokenizer, "Hi"), greedy(4), top_logprobs=3)]}).values()
+    for token, logprob, top in zip(out[0].token_ids, out[0].logprobs, out[0].top_logprobs, strict=True):
+        assert len(top) == 3 and top[0] == (token, logprob)
+        assert top[0][1] >= top[1][1] >= top[2][1]
