@@ -35,7 +35,7 @@ class DataConfig:
     prompt_key: str = setting("prompt", "column holding the chat messages of the prompt")
     reward_fn_key: str = setting("data_source", "column that selects the scoring function")
     max_prompt_length: int = setting(128, "prompt tokens after templating; prompts are left-padded to it", ge=1)
-    max_response_length: int = setting(128, "max generated tokens per response", ge=1)
+    max_response_length: int = setting(48, "max generated tokens per response", ge=1)
     train_batch_size: int = setting(8, "prompts per training step (each sampled rollout.n times)", ge=1)
     val_batch_size: int | None = setting(None, "prompts per validation batch; null = the whole validation set", ge=1)
     return_raw_chat: bool = setting(False, "also return the untemplated messages (for multi-turn / server rollouts)")
@@ -176,7 +176,9 @@ class TrainerConfig:
     """``trainer``: the loop, placement, logging and checkpoints."""
 
     total_epochs: int = setting(1, "passes over the training set", ge=1)
-    total_training_steps: int | None = setting(None, "stop after this many steps; null = total_epochs × batches", ge=1)
+    total_training_steps: int | None = setting(
+        15, "stop after this many steps (15: the embedded CPU demo); null = total_epochs × batches", ge=1
+    )
     project_name: str = setting("hybridflow", "project name (logging, checkpoint folder)")
     experiment_name: str = setting("default", "run name (logging, checkpoint folder)")
     logger: tuple[str, ...] = setting(

@@ -141,7 +141,7 @@ class PPOTrainer:
             self.global_steps += 1
             last = self.step(batch)
             is_last = self.global_steps == self.total_training_steps
-            if self._due(trainer_cfg.test_freq, is_last) and self.val_loader is not None:
+            if (is_last or self._due(trainer_cfg.test_freq, is_last)) and self.val_loader is not None:
                 last |= self.validate()
             if self._due(trainer_cfg.save_freq, is_last):
                 self.save_checkpoint()

@@ -157,10 +157,10 @@ def test_critic_batches_are_checked_only_when_the_critic_runs():
 
 
 def test_group_estimators_need_more_than_one_response_per_prompt():
-    assert only_problem(f"{ARR}.rollout.n=1") == (
+    assert only_problem(f"{ARR}.rollout.n=1", f"{ARR}.actor.ppo_micro_batch_size_per_gpu=4") == (
         f"algorithm.adv_estimator=grpo compares responses to the same prompt, so {ARR}.rollout.n must be > 1 (got 1)"
     )
-    load_config(None, [f"{ARR}.rollout.n=1", "algorithm.adv_estimator=gae"])
+    load_config(None, [f"{ARR}.rollout.n=1", f"{ARR}.actor.ppo_micro_batch_size_per_gpu=4", "algorithm.adv_estimator=gae"])
 
 
 def test_dual_clip_bound_must_exceed_one():
