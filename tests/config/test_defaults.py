@@ -31,7 +31,7 @@ def test_defaults_load_and_resolve_derived_values():
     assert cfg.critic.enable is False  # grpo needs no values
     assert cfg.critic.model.path == "smollm2-135m-instruct" and cfg.critic.model.dtype == "bf16"
     assert cfg.critic.ppo_mini_batch_size == 8 and cfg.critic.ppo_micro_batch_size_per_gpu == 16
-    assert cfg.critic.forward_micro_batch_size_per_gpu == 4 and cfg.critic.forward_max_token_len_per_gpu == 32768
+    assert cfg.critic.forward_micro_batch_size_per_gpu == 16 and cfg.critic.forward_max_token_len_per_gpu == 32768
     assert cfg.critic.ppo_epochs == 1 and cfg.critic.shuffle is False and cfg.critic.loss_agg_mode == "token-mean"
     assert cfg.critic.strategy == "torch" and cfg.critic.optim.lr == 1e-5 and arr.actor.optim.lr == 1e-5
     assert cfg.trainer.default_local_dir == "checkpoints/hybridflow/default"
