@@ -1,0 +1,139 @@
+"""The sampling loop on plain tensors: prefill once, decode step by step, drop finished rows.
+
+    prompts (B, P) ──dedup──▶ prefill unique prompts ──fan out ×n──▶ rows (B·n)
+    repeat: sample a token per live row → record it → rows that hit a stop token finish
+            → once ≥ 1/4 of the cache rows are finished, drop them from the cache
+            → decode one step for the remaining rows
+
+Identical prompt rows (a trainer that repeats each prompt n times, or ``n > 1`` here) share
+one prefill: the prompt's cache rows are copied instead of recomputed. Dropping finished rows
+in batches (not one at a time) bounds the cost of the cache copies while keeping at most a
+quarter of the decode work wasted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from hybridflow.workers.rollout.sampling import SamplingParams, sample_next
+
+_COMPACT_FRACTION = 4  # compact once dead rows ≥ cache rows / _COMPACT_FRACTION
+
+
+class Decoder(Protocol):
+    """What the loop needs from a forward implementation (lean or Hugging Face)."""
+
+    def prefill(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, max_len: int
+    ) -> torch.Tensor: ...
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
+
+    def select_rows(self, index: torch.Tensor) -> None: ...
+
+    def refresh_weights(self) -> int: ...
+
+    def invalidate_weights(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+@dataclass
+class Generated:
+    """Responses of one generate call; row ``i`` answers prompt ``i // n``.
+
+    responses (N, T) int64 right-padded with the pad id; log_probs (N, T) float32, 0 on
+    padding; lengths (N,) number of response tokens including the stop token.
+    """
+
+    responses: torch.Tensor
+    log_probs: torch.Tensor
+    lengths: torch.Tensor
+
+
+def _check_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> None:
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be (batch, prompt_len), got shape {tuple(input_ids.shape)}")
+    for name, t in (("attention_mask", attention_mask), ("position_ids", position_ids)):
+        if t.shape != input_ids.shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} does not match input_ids {tuple(input_ids.shape)}")
+    empty = (attention_mask.sum(dim=1) == 0).nonzero()[:, 0]
+    if empty.numel():
+        raise ValueError(f"prompt rows {empty.tolist()[:8]} have no tokens (attention_mask is all 0)")
+    if not bool(attention_mask[:, -1].all()):
+        raise ValueError("prompts must be left-padded: the last column of attention_mask must be all 1")
+
+
+def _dedup(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first row of each distinct prompt in order of appearance, index of each row's prompt)."""
+    key = torch.cat([input_ids * attention_mask, attention_mask, position_ids * attention_mask], dim=1)
+    rows = torch.arange(key.shape[0], device=key.device)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    distinct = int(inverse.max()) + 1
+    if distinct == key.shape[0]:
+        return rows, rows
+    first = torch.full((distinct,), key.shape[0], dtype=torch.long, device=key.device)
+    first.scatter_reduce_(0, inverse, rows, reduce="amin")
+    order = torch.argsort(first)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(distinct, device=key.device)
+    return first[order], rank[inverse]
+
+
+@torch.inference_mode()
+def generate(
+    decoder: Decoder,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    params: SamplingParams,
+    pad_token_id: int,
+    generator: torch.Generator | None = None,
+) -> Generated:
+    """Sample ``params.n`` responses for each left-padded prompt row."""
+    _check_prompts(input_ids, attention_mask, position_ids)
+    steps = params.max_new_tokens
+    unique, which = _dedup(input_ids, attention_mask, position_ids)
+    # The last sampled token is never fed back, so P + T − 1 cache columns suffice.
+    logits = decoder.prefill(
+        input_ids[unique], attention_mask[unique], position_ids[unique], input_ids.shape[1] + steps - 1
+    )
+    fan_out = which.repeat_interleave(params.n)
+    if not torch.equal(fan_out, torch.arange(unique.numel(), device=fan_out.device)):
+        decoder.select_rows(fan_out)
+        logits = logits[fan_out]
+    positions = position_ids[:, -1].repeat_interleave(params.n)
+    rows = positions.shape[0]
+    out = Generated(
+        responses=torch.full((rows, steps), pad_token_id, dtype=torch.long, device=input_ids.device),
+        log_probs=torch.zeros((rows, steps), dtype=torch.float32, device=input_ids.device),
+        lengths=torch.full((rows,), steps, dtype=torch.long, device=input_ids.device),
+    )
+    stop = torch.tensor(params.stop_token_ids, dtype=torch.long, device=input_ids.device)
+    check_stop = stop.numel() > 0 and not params.ignore_eos
+    row_ids = torch.arange(rows, device=input_ids.device)  # cache row → output row
+    alive = torch.ones(rows, dtype=torch.bool, device=input_ids.device)
+    for t in range(steps):
+        tokens, log_probs = sample_next(logits, params, generator)
+        live_ids = row_ids[alive]
+        out.responses[live_ids, t] = tokens[alive]
+        out.log_probs[live_ids, t] = log_probs[alive]
+        if check_stop:
+            hit = alive & torch.isin(tokens, stop)
+            out.lengths[row_ids[hit]] = t + 1
+            alive &= ~hit
+        if t == steps - 1 or not bool(alive.any()):
+            break
+        dead = int(alive.numel() - alive.sum())
+        if dead and dead * _COMPACT_FRACTION >= alive.numel():
+            keep = alive.nonzero()[:, 0]
+            decoder.select_rows(keep)
+            row_ids, tokens, positions, alive = row_ids[keep], tokens[keep], positions[keep], alive[keep]
+        positions = positions + 1
+        logits = decoder.decode(tokens, positions)
+    return out

@@ -1,0 +1,86 @@
+"""The portable decoder: the Hugging Face model's own forward with a ``DynamicCache``.
+
+Used for architectures the lean decoder does not cover (and for LoRA-wrapped modules). It
+keeps the same interface as :class:`~hybridflow.workers.rollout.lean_decoder.LeanDecoder`
+(prefill, decode, select_rows, release), so the sampling loop — early finish, compaction,
+n samples per prompt — is identical on both paths; only the per-step forward differs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+
+class HFDecoder:
+    """Prefill + one-token decode steps through ``model.forward``.
+
+    ``dtype`` other than the module's runs the forward under ``torch.autocast`` (e.g. bf16
+    sampling from an fp32 training module).
+    """
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None = None) -> None:
+        self.model = model
+        param = next(model.parameters())
+        self.autocast_dtype = dtype if dtype is not None and dtype != param.dtype else None
+        self.device_type = param.device.type
+        self.cache: DynamicCache | None = None
+        self.attention_mask: torch.Tensor | None = None
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.autocast_dtype)
+
+    def refresh_weights(self) -> int:
+        return 0  # reads the module's parameters at every step
+
+    def invalidate_weights(self) -> None:
+        pass
+
+    def release(self) -> None:
+        self.cache = None
+        self.attention_mask = None
+
+    def prefill(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, max_len: int
+    ) -> torch.Tensor:
+        """Prompts (B, P), left-padded → float32 logits of the last position (B, V)."""
+        if max_len < input_ids.shape[1]:
+            raise ValueError(f"max_len {max_len} is shorter than the prompt length {input_ids.shape[1]}")
+        self.cache = DynamicCache(config=self.model.config)
+        self.attention_mask = attention_mask.long()
+        with self._autocast():
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=self.attention_mask,
+                position_ids=position_ids,
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        return out.logits[:, -1].float()
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``tokens``, ``positions`` (rows,) → float32 logits (rows, V)."""
+        if self.cache is None or self.attention_mask is None:
+            raise RuntimeError("decode() before prefill()")
+        self.attention_mask = torch.cat([self.attention_mask, self.attention_mask.new_ones(tokens.shape[0], 1)], dim=1)
+        with self._autocast():
+            out = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=self.attention_mask,
+                position_ids=positions[:, None],
+                cache=self.cache,
+                use_cache=True,
+            )
+        return out.logits[:, -1].float()
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        if self.cache is None or self.attention_mask is None:
+            raise RuntimeError("select_rows() before prefill()")
+        self.cache.batch_select_indices(index)
+        self.attention_mask = self.attention_mask.index_select(0, index)

@@ -1,0 +1,282 @@
+"""A lean forward pass for Llama-family decoders (Llama, Qwen2, Mistral without sliding window).
+
+It runs the same math as the Hugging Face modules, reading their own parameters, without
+HF's per-step machinery (cache objects, mask builders, output dataclasses, hooks):
+
+    x ← embed(ids)
+    per layer:  h = rms(x)·w_in;   q,k,v = h·W_qkvᵀ (+b);   q,k ← rope(q,k, pos)
+                write k,v into the preallocated cache column;   a = softmax(q·Kᵀ/√d + mask)·V
+                x ← x + a·W_oᵀ;   h = rms(x)·w_post;   x ← x + (silu(h·W_gᵀ) ⊙ h·W_uᵀ)·W_dᵀ
+    logits = rms(x_last)·w_final · W_lmᵀ
+
+RMSNorm: ``w · (x / sqrt(mean(x²) + eps))`` computed in fp32 and cast back before the weight
+multiply (as HF does). RoPE cos/sin come from the model's own ``rotary_emb`` module, so
+every RoPE variant it computes statelessly (default, linear, llama3, yarn) is reproduced.
+Grouped-query attention needs no repeated keys: in a decode step the ``g = H / H_kv`` query
+heads of one key/value head are laid out as ``g`` query rows of that head.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hybridflow.workers.rollout.kv_cache import KVCache
+from hybridflow.workers.rollout.projections import Projection, linear_unsupported_reason
+
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen2", "mistral")
+_STATELESS_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3", "yarn")
+
+
+def unwrap_peft(model: nn.Module) -> nn.Module:
+    """The Hugging Face model inside a ``peft.PeftModel`` (LoRA layers stay injected in it)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def lean_unsupported_reason(model: nn.Module) -> str | None:
+    """Why ``model`` (unwrapped from peft) cannot run on the lean path, or ``None`` when it can."""
+    model = unwrap_peft(model)
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
+    if config.hidden_act != "silu":
+        return f"hidden_act {config.hidden_act!r} is not 'silu'"
+    if getattr(config, "use_sliding_window", False) or (
+        model_type == "mistral" and getattr(config, "sliding_window", None) is not None
+    ):
+        return "sliding-window attention is not implemented on the lean path"
+    rope = getattr(config, "rope_parameters", None) or {}
+    rope_type = rope.get("rope_type", "default") if isinstance(rope, dict) else "default"
+    if rope_type not in _STATELESS_ROPE_TYPES:
+        return f"rope_type {rope_type!r} depends on sequence length; not on the lean path"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
+        return "expected a *ForCausalLM with .model.layers and .lm_head"
+    for name, module in model.named_modules():
+        if name.endswith(("_proj", "lm_head")):
+            reason = linear_unsupported_reason(module)
+            if reason is not None:
+                return f"{name}: {reason}"
+    return None
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x·cos + rotate_half(x)·sin with rotate_half(x) = (−x₂, x₁) over the last dim."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class _Layer:
+    def __init__(self, layer: nn.Module, weight_format: str, dtype: torch.dtype) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        self.norm_in = layer.input_layernorm
+        self.norm_post = layer.post_attention_layernorm
+        self.qkv = Projection([attn.q_proj, attn.k_proj, attn.v_proj], weight_format, dtype)
+        self.o = Projection([attn.o_proj], weight_format, dtype)
+        self.gate_up = Projection([mlp.gate_proj, mlp.up_proj], weight_format, dtype)
+        self.down = Projection([mlp.down_proj], weight_format, dtype)
+        # Norm weights in the compute dtype: the parameters themselves when the dtypes agree.
+        self.w_in: torch.Tensor = self.norm_in.weight
+        self.w_post: torch.Tensor = self.norm_post.weight
+
+    def projections(self) -> tuple[Projection, ...]:
+        return (self.qkv, self.o, self.gate_up, self.down)
+
+
+class LeanDecoder:
+    """Prefill + one-token decode steps over a preallocated :class:`KVCache`.
+
+    ``weight_format`` is ``"shared"`` (read the module's parameters directly; no copy) or
+    ``"packed"`` (fused oneDNN copies refreshed when the module's parameters change); see
+    :mod:`hybridflow.workers.rollout.projections`. ``dtype`` is the compute dtype (default:
+    the module's); a dtype other than the module's needs ``"packed"`` (e.g. bf16 sampling
+    from an fp32 training module).
+    """
+
+    def __init__(self, model: nn.Module, weight_format: str = "shared", dtype: torch.dtype | None = None) -> None:
+        reason = lean_unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"the lean decoder cannot run this model: {reason}")
+        model = unwrap_peft(model)
+        config = model.config
+        self.model = model
+        self.weight_format = weight_format
+        self.compute_dtype = model.model.embed_tokens.weight.dtype if dtype is None else dtype
+        # On CPU, attention of one query token over a bf16 cache is several times slower than
+        # over an fp32 one (and rounds the scores), so the cache holds fp32 there.
+        cpu = model.model.embed_tokens.weight.device.type == "cpu"
+        self.cache_dtype = torch.float32 if cpu else self.compute_dtype
+        self.num_heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.eps = float(config.rms_norm_eps)
+        self.embed = model.model.embed_tokens
+        self.final_norm = model.model.norm
+        self.rotary = model.model.rotary_emb
+        self.layers = [_Layer(layer, weight_format, self.compute_dtype) for layer in model.model.layers]
+        self.lm_head = Projection([model.lm_head], weight_format, self.compute_dtype)
+        self.w_final: torch.Tensor = self.final_norm.weight
+        self.cache: KVCache | None = None
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    # ---- weights ---------------------------------------------------------------------------
+    def _projections(self) -> list[Projection]:
+        return [p for layer in self.layers for p in layer.projections()] + [self.lm_head]
+
+    def refresh_weights(self) -> int:
+        """Re-pack stale projections (``packed`` format); returns how many were re-packed."""
+        if self.compute_dtype != self.embed.weight.dtype:
+            # A few KB per layer: cheaper to re-cast at every call than to track versions.
+            with torch.no_grad():
+                for layer in self.layers:
+                    layer.w_in = layer.norm_in.weight.detach().to(self.compute_dtype)
+                    layer.w_post = layer.norm_post.weight.detach().to(self.compute_dtype)
+                self.w_final = self.final_norm.weight.detach().to(self.compute_dtype)
+        return sum(p.refresh() for p in self._projections())
+
+    def invalidate_weights(self) -> None:
+        for p in self._projections():
+            p.invalidate()
+
+    def release(self) -> None:
+        """Free the KV cache and packed copies; the next prefill rebuilds what it needs."""
+        self.cache = None
+        self._rope_table = None
+        self.invalidate_weights()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.compute_dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    # ---- rope ------------------------------------------------------------------------------
+    def _rope_for(self, positions: torch.Tensor, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin rows for ``positions`` (any shape) → (*positions.shape, head_dim)."""
+        if self._rope_table is None or self._rope_table[0].shape[0] < needed:
+            ids = torch.arange(needed, device=self.device)[None]
+            probe = torch.empty(0, dtype=self.dtype, device=self.device)
+            cos, sin = self.rotary(probe, ids)
+            self._rope_table = (cos[0], sin[0])
+        cos_table, sin_table = self._rope_table
+        return cos_table[positions], sin_table[positions]
+
+    # ---- forward ---------------------------------------------------------------------------
+    def prefill(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, max_len: int
+    ) -> torch.Tensor:
+        """Run the prompts (B, P), left-padded; allocate a cache of ``max_len`` columns.
+
+        Returns float32 logits of the last prompt position, (B, V).
+        """
+        self.refresh_weights()
+        rows, plen = input_ids.shape
+        if max_len < plen:
+            raise ValueError(f"max_len {max_len} is shorter than the prompt length {plen}")
+        self.cache = KVCache(
+            len(self.layers), rows, self.kv_heads, max_len, self.head_dim, self.cache_dtype, self.device
+        )
+        valid = attention_mask.bool()
+        self.cache.set_prompt_mask(valid)
+        causal = torch.ones(plen, plen, dtype=torch.bool, device=self.device).tril()
+        eye = torch.eye(plen, dtype=torch.bool, device=self.device)
+        # A padding query attends to itself only, so no row of the softmax is empty (NaN).
+        mask = (causal & valid[:, None, :]) | eye
+        cos, sin = self._rope_for(position_ids, int(position_ids.max()) + 1 + max_len - plen)
+        x = F.embedding(input_ids, self.embed.weight).to(self.compute_dtype)
+        for index, layer in enumerate(self.layers):
+            x = self._prefill_layer(index, layer, x, cos[:, :, None], sin[:, :, None], mask[:, None])
+        self.cache.length = plen
+        return self._logits(x[:, -1])
+
+    def _prefill_layer(
+        self, index: int, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        rows, plen, _ = x.shape
+        heads, kv = self.num_heads, self.kv_heads
+        h = _rms_norm(x, layer.w_in, self.eps)
+        qkv = layer.qkv(h).view(rows, plen, heads + 2 * kv, self.head_dim)
+        qk = _rope(qkv[:, :, : heads + kv], cos, sin)
+        q = qk[:, :, :heads].transpose(1, 2)
+        k = qk[:, :, heads:].transpose(1, 2)
+        v = qkv[:, :, heads + kv :].transpose(1, 2)
+        self.cache.keys(index)[:, :, :plen] = k
+        self.cache.values(index)[:, :, :plen] = v
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=heads != kv)
+        x = x + layer.o(attn.transpose(1, 2).reshape(rows, plen, heads * self.head_dim))
+        return x + self._mlp(layer, x)
+
+    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+        h = _rms_norm(x, layer.w_post, self.eps)
+        gate, up = layer.gate_up(h).chunk(2, dim=-1)
+        return layer.down(F.silu(gate) * up)
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One step for every cache row: ``tokens``, ``positions`` (rows,) → float32 logits (rows, V)."""
+        cache = self.cache
+        if cache is None:
+            raise RuntimeError("decode() before prefill()")
+        col = cache.length
+        if col >= cache.max_len:
+            raise RuntimeError(f"KV cache full ({cache.max_len} columns)")
+        cos, sin = self._rope_for(positions, int(positions.max()) + 1)
+        cos, sin = cos[:, None], sin[:, None]
+        # Without padding no mask is needed; that SDPA call is also the one HF makes, so the
+        # numerics match its decode step bit for bit.
+        mask = None if cache.no_padding else cache.key_valid[:, None, None, : col + 1]
+        x = F.embedding(tokens, self.embed.weight).to(self.compute_dtype)
+        for index, layer in enumerate(self.layers):
+            x = self._decode_layer(index, layer, x, cos, sin, mask, col)
+        cache.length = col + 1
+        return self._logits(x)
+
+    def _decode_layer(
+        self,
+        index: int,
+        layer: _Layer,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        col: int,
+    ) -> torch.Tensor:
+        rows = x.shape[0]
+        heads, kv, hd = self.num_heads, self.kv_heads, self.head_dim
+        h = _rms_norm(x, layer.w_in, self.eps)
+        qkv = layer.qkv(h).view(rows, heads + 2 * kv, hd)
+        qk = _rope(qkv[:, : heads + kv], cos, sin)
+        keys, values = self.cache.keys(index), self.cache.values(index)
+        keys[:, :, col] = qk[:, heads:]
+        values[:, :, col] = qkv[:, heads + kv :]
+        keys, values = keys[:, :, : col + 1], values[:, :, : col + 1]
+        if mask is None and self.compute_dtype == self.cache_dtype:
+            # HF's own call when nothing is padded: same numerics as its decode step.
+            attn = F.scaled_dot_product_attention(qk[:, :heads, None], keys, values, enable_gqa=heads != kv)
+        else:
+            # The g query heads sharing a key/value head become g query rows of that head
+            # (on CPU much faster than SDPA's own GQA handling for one query token).
+            q = qk[:, :heads].reshape(rows, kv, heads // kv, hd).to(self.cache_dtype)
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask).to(self.compute_dtype)
+        x = x + layer.o(attn.reshape(rows, heads * hd))
+        return x + self._mlp(layer, x)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        h = _rms_norm(x, self.w_final, self.eps)
+        return self.lm_head(h).float()
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep/repeat cache rows (drop finished sequences, or fan a prompt out to n samples)."""
+        if self.cache is None:
+            raise RuntimeError("select_rows() before prefill()")
+        self.cache.select_rows(index)

@@ -1,0 +1,210 @@
+"""``TorchRollout`` (registry name ``"torch"``): the built-in sampler, runs wherever torch runs.
+
+It samples from a Hugging Face causal LM in the same process. For Llama-family models (plain
+or with LoRA adapters) it uses :class:`~hybridflow.workers.rollout.lean_decoder.LeanDecoder`
+(own decode loop, own KV cache, packed weights on CPU); for other architectures and LoRA
+variants it steps the model's own forward (:class:`~hybridflow.workers.rollout.hf_decoder.HFDecoder`).
+Both paths share the sampling loop of :mod:`hybridflow.workers.rollout.generation`.
+
+Weights: the rollout reads the module it was given. Handed the actor's module (colocated
+default), it sees every update at once — packed copies are rebuilt when a parameter changed
+(see :mod:`hybridflow.workers.rollout.projections`). Handed its own module, it receives
+weights via :meth:`update_weights`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hybridflow import fields as F
+from hybridflow.config.actor_rollout_ref import RolloutConfig
+from hybridflow.protocol import DataProto
+from hybridflow.workers.rollout.base import ROLLOUTS, BaseRollout, NamedTensors
+from hybridflow.workers.rollout.generation import Decoder, Generated, generate
+from hybridflow.workers.rollout.hf_decoder import HFDecoder
+from hybridflow.workers.rollout.lean_decoder import LeanDecoder, lean_unsupported_reason, unwrap_peft
+from hybridflow.workers.rollout.projections import is_lora_linear, packing_available
+from hybridflow.workers.rollout.sampling import SamplingParams
+from hybridflow.workers.rollout.weight_sync import load_named_tensors
+
+DECODERS: tuple[str, ...] = ("auto", "lean", "hf")
+
+
+def build_decoder(
+    model: nn.Module, decoder: str = "auto", weight_format: str = "auto", dtype: torch.dtype | None = None
+) -> Decoder:
+    """The forward implementation for ``model``, computing in ``dtype`` (default: the model's).
+
+    ``decoder``: ``"lean"`` (error if unsupported), ``"hf"``, or ``"auto"`` (lean when the
+    architecture allows). ``weight_format``: ``"shared"``, ``"packed"``, or ``"auto"``
+    (packed where oneDNN supports ``dtype`` on the model's device, where ``dtype`` differs
+    from the model's, or where LoRA adapters must be merged; else shared). A ``peft`` model
+    is unwrapped: its LoRA layers are merged into the packed weights (lean) or run as they are
+    (hf).
+    """
+    if decoder not in DECODERS:
+        raise ValueError(f"unknown decoder {decoder!r}; valid: {', '.join(DECODERS)}")
+    model = unwrap_peft(model)
+    reason = lean_unsupported_reason(model)
+    if decoder == "hf" or (decoder == "auto" and reason is not None):
+        return HFDecoder(model, dtype)
+    if reason is not None:
+        raise ValueError(f"decoder='lean' cannot run this model: {reason}")
+    param = model.get_input_embeddings().weight
+    dtype = param.dtype if dtype is None else dtype
+    if weight_format == "auto":
+        needs_copy = dtype != param.dtype or any(is_lora_linear(m) for m in model.modules())
+        weight_format = "packed" if needs_copy or packing_available(param.device, dtype) else "shared"
+    return LeanDecoder(model, weight_format, dtype)
+
+
+def _token_ids(value: Any, what: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, (int, np.integer)):
+        return (int(value),)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (int, np.integer)) for v in value):
+        return tuple(int(v) for v in value)
+    raise ValueError(f"{what} must be an int or a list of ints, got {value!r}")
+
+
+def _compute_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+    if dtype not in names:
+        raise ValueError(f"unknown rollout dtype {dtype!r}; valid: {', '.join(names)}")
+    return names[dtype]
+
+
+def _meta(meta: Mapping[str, Any], key: str, fallback: Any) -> Any:
+    """``meta[key]`` when the caller set it for this call, else the configured value."""
+    return meta[key] if key in meta else fallback
+
+
+@ROLLOUTS.register("torch")
+class TorchRollout(BaseRollout):
+    """The built-in sampler. See the module docstring."""
+
+    def __init__(
+        self,
+        config: RolloutConfig,
+        model: nn.Module,
+        tokenizer: Any = None,
+        *,
+        dtype: torch.dtype | str | None = None,
+        decoder: str = "auto",
+        weight_format: str = "auto",
+    ) -> None:
+        if config.response_length is None:
+            raise ValueError("rollout.response_length is null; set it (or data.max_response_length)")
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        self.decoder = build_decoder(model, decoder, weight_format, _compute_dtype(dtype))
+        self.generator = torch.Generator(device=next(model.parameters()).device)
+        self.generator.manual_seed(config.seed if config.seed is not None else 0)
+        self.default_eos = _token_ids(self._default_eos(), "eos_token_id")
+        self.default_pad = self._default_pad()
+
+    def _default_eos(self) -> Any:
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            return self.tokenizer.eos_token_id
+        generation_config = getattr(self.model, "generation_config", None)
+        return getattr(generation_config, "eos_token_id", None)
+
+    def _default_pad(self) -> int | None:
+        if self.tokenizer is not None and self.tokenizer.pad_token_id is not None:
+            return int(self.tokenizer.pad_token_id)
+        return self.default_eos[0] if self.default_eos else None
+
+    # ---- sampling settings -------------------------------------------------------------------
+    def sampling_params(self, meta: Mapping[str, Any]) -> SamplingParams:
+        """Settings for one call: config (or ``val_kwargs`` when ``meta['validate']``) + overrides."""
+        base = self.config.val_kwargs if bool(_meta(meta, "validate", False)) else self.config
+        eos = _token_ids(_meta(meta, "eos_token_id", self.default_eos), "meta_info['eos_token_id']")
+        stops = eos + _token_ids(_meta(meta, "stop_token_ids", None), "meta_info['stop_token_ids']")
+        return SamplingParams(
+            max_new_tokens=int(_meta(meta, "response_length", self.config.response_length)),
+            temperature=float(_meta(meta, "temperature", base.temperature)),
+            top_k=int(_meta(meta, "top_k", base.top_k)),
+            top_p=float(_meta(meta, "top_p", base.top_p)),
+            do_sample=bool(_meta(meta, "do_sample", base.do_sample)),
+            n=int(_meta(meta, "n", 1)),
+            stop_token_ids=tuple(dict.fromkeys(stops)),
+            ignore_eos=self.config.ignore_eos,
+        )
+
+    def _check_lengths(self, prompt_len: int, response_len: int) -> None:
+        limit = self.config.prompt_length
+        if limit is not None and prompt_len > limit:
+            raise ValueError(
+                f"prompt length {prompt_len} exceeds rollout.prompt_length={limit}; "
+                "filter or truncate prompts (data.filter_overlong_prompts / data.truncation)"
+            )
+        max_pos = getattr(self.model.config, "max_position_embeddings", None)
+        if max_pos is not None and prompt_len + response_len > max_pos:
+            raise ValueError(
+                f"prompt length {prompt_len} + response_length {response_len} exceeds the model's "
+                f"max_position_embeddings={max_pos}"
+            )
+
+    # ---- BaseRollout -------------------------------------------------------------------------
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        meta = dict(prompts.meta_info)
+        params = self.sampling_params(meta)
+        pad = _meta(meta, "pad_token_id", None)
+        pad = self.default_pad if pad is None else int(pad)
+        if pad is None:
+            raise ValueError("no pad token id: pass meta_info['pad_token_id'] or a tokenizer with a pad/eos token")
+        batch = prompts.batch
+        for key in (F.INPUT_IDS, F.ATTENTION_MASK, F.POSITION_IDS):
+            if batch is None or key not in batch.keys():
+                raise ValueError(f"generate_sequences needs batch[{key!r}] (left-padded prompts)")
+        input_ids, attention_mask, position_ids = batch[F.INPUT_IDS], batch[F.ATTENTION_MASK], batch[F.POSITION_IDS]
+        self._check_lengths(input_ids.shape[1], params.max_new_tokens)
+        generator = self.generator
+        if "seed" in meta:
+            generator = torch.Generator(device=input_ids.device).manual_seed(int(meta["seed"]))
+        out = generate(self.decoder, input_ids, attention_mask, position_ids, params, pad, generator)
+        return self._to_dataproto(prompts, params.n, out)
+
+    def _to_dataproto(self, prompts: DataProto, n: int, out: Generated) -> DataProto:
+        batch = prompts.batch
+        prompt_ids = batch[F.INPUT_IDS].repeat_interleave(n, dim=0)
+        prompt_mask = batch[F.ATTENTION_MASK].repeat_interleave(n, dim=0)
+        prompt_pos = batch[F.POSITION_IDS].repeat_interleave(n, dim=0)
+        steps = out.responses.shape[1]
+        response_mask = (torch.arange(steps, device=out.lengths.device)[None] < out.lengths[:, None]).to(
+            prompt_mask.dtype
+        )
+        delta = torch.arange(1, steps + 1, device=prompt_pos.device)
+        response_pos = prompt_pos[:, -1:] + delta[None]
+        tensors = {
+            F.PROMPTS: prompt_ids,
+            F.RESPONSES: out.responses,
+            F.RESPONSE_MASK: response_mask,
+            F.INPUT_IDS: torch.cat([prompt_ids, out.responses], dim=1),
+            F.ATTENTION_MASK: torch.cat([prompt_mask, response_mask], dim=1),
+            F.POSITION_IDS: torch.cat([prompt_pos, response_pos], dim=1),
+            F.ROLLOUT_LOG_PROBS: out.log_probs,
+        }
+        non_tensors = {key: np.repeat(value, n, axis=0) for key, value in prompts.non_tensor_batch.items()}
+        return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=dict(prompts.meta_info))
+
+    def update_weights(self, weights: NamedTensors) -> None:
+        """Copy new weights into the module (skipped for tensors that already are its parameters)."""
+        load_named_tensors(self.model, weights)
+        self.decoder.invalidate_weights()
+
+    def release(self) -> None:
+        """Free the KV cache and packed weight copies (rebuilt on the next call)."""
+        self.decoder.release()
+
+    def resume(self) -> None:
+        """Nothing to restore: the next call re-packs weights and allocates its cache."""
