@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+REPO_ROOT = str(Path(__file__).resolve().parents[1])
 
 # Nothing in the tests may reach the Hugging Face hub: a missing file must fail at once.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -65,3 +67,55 @@ def make_rollout_batch() -> Callable[..., Any]:
     out like a rollout: prompts left-padded, responses right-padded (an EOS ends the short
     ones), position ids over real tokens, random advantages / returns / values × mask."""
     return _rollout_batch
+
+
+@pytest.fixture(scope="session")
+def make_config(tiny_model_dir: Path) -> Callable[..., Any]:
+    """``make_config(*overrides)`` → a PPOConfig on the tiny model: fp32 (exact comparisons),
+    rollout.n=2, 4 prompts per mini-batch (8 rows), one micro-batch of 8, lr 1e-3, then
+    ``overrides``."""
+    from hybridflow.config import load_config
+
+    def build(*overrides: str) -> Any:
+        base = [
+            f"actor_rollout_ref.model.path={tiny_model_dir}",
+            "actor_rollout_ref.model.dtype=fp32",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.actor.optim.lr=1e-3",
+        ]
+        return load_config(None, base + list(overrides))
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def tiny_task_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The built-in arithmetic task (32 train / 8 test rows, 1-digit numbers) as parquet files."""
+    from hybridflow.data.__main__ import main as data_main
+
+    out = tmp_path_factory.mktemp("arith")
+    assert data_main(["arithmetic", "--out", str(out), "--train-size", "32", "--test-size", "8", "--digits", "1"]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    """One local Ray instance (2 CPUs, no dashboard) for the whole test session, started on
+    first use by any area (controller, scale, protocol) and stopped at the end."""
+    import ray
+
+    # Ray's worker processes inherit this environment: make the repository (hybridflow and the
+    # test worker modules) importable there whatever directory pytest ran from.
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = REPO_ROOT if not old else REPO_ROOT + os.pathsep + old
+    try:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    finally:
+        if old is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = old
+    yield
+    ray.shutdown()

@@ -176,9 +176,7 @@ class TrainerConfig:
     """``trainer``: the loop, placement, logging and checkpoints."""
 
     total_epochs: int = setting(1, "passes over the training set", ge=1)
-    total_training_steps: int | None = setting(
-        15, "stop after this many steps (15: the embedded CPU demo); null = total_epochs × batches", ge=1
-    )
+    total_training_steps: int | None = setting(None, "stop after this many steps; null = total_epochs × batches", ge=1)
     project_name: str = setting("hybridflow", "project name (logging, checkpoint folder)")
     experiment_name: str = setting("default", "run name (logging, checkpoint folder)")
     logger: tuple[str, ...] = setting(

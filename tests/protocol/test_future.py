@@ -58,16 +58,12 @@ def test_get_does_not_import_ray(make_proto):
 
 
 @pytest.mark.ray
-def test_get_fetches_ray_object_refs(make_proto):
+def test_get_fetches_ray_object_refs(make_proto, ray_session):
     import ray  # an optional dependency of the package, part of the test extras
 
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
-        data = make_proto(4)
-        refs = [ray.put(data[:2]), ray.put(data[2:])]
-        futures = DataProtoFuture.concat(refs).chunk(2)
-        assert [_ids(f.get()) for f in futures] == [[0, 1], [2, 3]]
-        mixed = DataProtoFuture.concat([refs[0], data[2:]])  # ObjectRefs and plain values together
-        assert _ids(mixed.get()) == [0, 1, 2, 3]
-    finally:
-        ray.shutdown()
+    data = make_proto(4)
+    refs = [ray.put(data[:2]), ray.put(data[2:])]
+    futures = DataProtoFuture.concat(refs).chunk(2)
+    assert [_ids(f.get()) for f in futures] == [[0, 1], [2, 3]]
+    mixed = DataProtoFuture.concat([refs[0], data[2:]])  # ObjectRefs and plain values together
+    assert _ids(mixed.get()) == [0, 1, 2, 3]

@@ -28,6 +28,7 @@ def _overrides(task_dir: Path, run_dir: Path, model_dir: Path) -> list[str]:
         "data.max_prompt_length=96",
         "data.max_response_length=8",
         f"actor_rollout_ref.model.path={model_dir}",
+        "actor_rollout_ref.model.dtype=fp32",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # 2 optimizer steps per update: ℓ_old is computed
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.actor.optim.lr=1e-3",

@@ -24,10 +24,10 @@ from tests.scale.fsdp_workers import ProbeActorWorker
 
 
 def main(model_dir: str) -> dict[str, object]:
-    overrides = [f"actor_rollout_ref.model.path={model_dir}", "trainer.backend=ray", "trainer.nnodes=2", "trainer.n_gpus_per_node=1"]
+    overrides = [f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.model.dtype=fp32", "trainer.backend=ray", "trainer.nnodes=2", "trainer.n_gpus_per_node=1"]
     cfg = load_config(None, overrides)
     batch = _rollout_batch(num_rows=4, seed=2)
-    single = ActorWorker(load_config(None, overrides[:1]).actor_rollout_ref, share_name=None)  # torch engine
+    single = ActorWorker(load_config(None, overrides[:2]).actor_rollout_ref, share_name=None)  # torch engine
     single.init_model()
     expected = single.compute_log_prob(batch).batch[FK.OLD_LOG_PROBS]
 

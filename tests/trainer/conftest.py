@@ -9,15 +9,6 @@ import pytest
 DENSE_REWARD = Path(__file__).with_name("dense_reward.py")
 
 
-@pytest.fixture(scope="session")
-def tiny_task_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from hybridflow.data.__main__ import main as data_main
-
-    out = tmp_path_factory.mktemp("arith")
-    assert data_main(["arithmetic", "--out", str(out), "--train-size", "32", "--test-size", "8", "--digits", "1"]) == 0
-    return out
-
-
 def tiny_overrides(task_dir: Path, run_dir: Path, model_dir: Path, *extra: str) -> list[str]:
     """A small, fast GRPO config on the tiny model; ``extra`` overrides are appended."""
     return [
@@ -27,6 +18,7 @@ def tiny_overrides(task_dir: Path, run_dir: Path, model_dir: Path, *extra: str) 
         "data.max_prompt_length=96",
         "data.max_response_length=8",
         f"actor_rollout_ref.model.path={model_dir}",
+        "actor_rollout_ref.model.dtype=fp32",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.actor.optim.lr=1e-3",

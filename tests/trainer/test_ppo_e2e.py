@@ -51,10 +51,11 @@ def test_grpo_with_kl_loss(tiny_task_dir, tmp_path, tiny_model_dir):
 
 def test_grpo_with_kl_in_reward(tiny_task_dir, tmp_path, tiny_model_dir):
     rows = _run(tiny_task_dir, tmp_path, tiny_model_dir,
-                "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.kl_coef=0.5")
+                "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.kl_coef=0.5", "algorithm.kl_penalty=low_var_kl")
     assert rows[0]["actor/reward_kl_penalty_coeff"] == pytest.approx(0.5)
     assert "timing_s/old_log_prob" in rows[0] and "timing_s/ref" in rows[0]
-    assert rows[1]["actor/reward_kl_penalty"] > 0.0
+    assert rows[0]["actor/reward_kl_penalty"] == pytest.approx(0.0, abs=1e-6)  # actor == reference
+    assert rows[1]["actor/reward_kl_penalty"] > 0.0  # k3 ≥ 0, and the policy has moved
 
 
 def test_validation_and_plot(tiny_task_dir, tmp_path, tiny_model_dir):

@@ -23,10 +23,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridflow.workers.rollout.kv_cache import KVCache
+from hybridflow.workers.rollout.prefix import shared_prefix_length
 from hybridflow.workers.rollout.projections import Projection, linear_unsupported_reason
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen2", "mistral")
 _STATELESS_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3", "yarn")
+_MIN_SHARED_PREFIX = 8  # shorter shared prefixes are not worth a separate pass
 
 
 def unwrap_peft(model: nn.Module) -> nn.Module:
@@ -63,9 +65,25 @@ def lean_unsupported_reason(model: nn.Module) -> str | None:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    # torch's rms_norm runs HF's fp32 steps (mean of squares, + eps, rsqrt, scale) as one call;
+    # the cast back before the weight multiply is HF's order too.
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def _decode_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, use_sdpa: bool
+) -> torch.Tensor:
+    """softmax(q·Kᵀ/√d + mask)·V for a few query rows per head: (b, h, g, d), (b, h, L, d) → (b, h, g, d).
+
+    SDPA's CPU kernel tiles the queries for long sequences; for g = 3 rows it costs more than
+    two batched matmuls and a softmax, and gets slower, not faster, with a second thread.
+    """
+    if use_sdpa:
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5)
+    if mask is not None:
+        scores.masked_fill_(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), values)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -82,14 +100,15 @@ class _Layer:
         self.norm_post = layer.post_attention_layernorm
         self.qkv = Projection([attn.q_proj, attn.k_proj, attn.v_proj], weight_format, dtype)
         self.o = Projection([attn.o_proj], weight_format, dtype)
-        self.gate_up = Projection([mlp.gate_proj, mlp.up_proj], weight_format, dtype)
+        self.gate = Projection([mlp.gate_proj], weight_format, dtype)
+        self.up = Projection([mlp.up_proj], weight_format, dtype)
         self.down = Projection([mlp.down_proj], weight_format, dtype)
         # Norm weights in the compute dtype: the parameters themselves when the dtypes agree.
         self.w_in: torch.Tensor = self.norm_in.weight
         self.w_post: torch.Tensor = self.norm_post.weight
 
     def projections(self) -> tuple[Projection, ...]:
-        return (self.qkv, self.o, self.gate_up, self.down)
+        return (self.qkv, self.o, self.gate, self.up, self.down)
 
 
 class LeanDecoder:
@@ -115,6 +134,9 @@ class LeanDecoder:
         # over an fp32 one (and rounds the scores), so the cache holds fp32 there.
         cpu = model.model.embed_tokens.weight.device.type == "cpu"
         self.cache_dtype = torch.float32 if cpu else self.compute_dtype
+        # Shared fp32 weights reproduce HF's kernels call for call (decode attention included);
+        # packed weights take the faster kernels, which round differently.
+        self.hf_numerics = weight_format == "shared" and self.compute_dtype == self.cache_dtype
         self.num_heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
@@ -162,13 +184,17 @@ class LeanDecoder:
         return self.embed.weight.device
 
     # ---- rope ------------------------------------------------------------------------------
-    def _rope_for(self, positions: torch.Tensor, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin rows for ``positions`` (any shape) → (*positions.shape, head_dim)."""
-        if self._rope_table is None or self._rope_table[0].shape[0] < needed:
-            ids = torch.arange(needed, device=self.device)[None]
+    def _size_rope_table(self, positions: int) -> None:
+        """Make the cos/sin table cover positions 0 … ``positions`` − 1."""
+        if self._rope_table is None or self._rope_table[0].shape[0] < positions:
+            ids = torch.arange(positions, device=self.device)[None]
             probe = torch.empty(0, dtype=self.dtype, device=self.device)
             cos, sin = self.rotary(probe, ids)
             self._rope_table = (cos[0], sin[0])
+
+    def _rope_rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin rows for ``positions`` (any shape) → (*positions.shape, head_dim)."""
+        self._size_rope_table(int(positions.max()) + 1)
         cos_table, sin_table = self._rope_table
         return cos_table[positions], sin_table[positions]
 
@@ -178,7 +204,10 @@ class LeanDecoder:
     ) -> torch.Tensor:
         """Run the prompts (B, P), left-padded; allocate a cache of ``max_len`` columns.
 
-        Returns float32 logits of the last prompt position, (B, V).
+        Returns float32 logits of the last prompt position, (B, V). A prefix shared by all
+        rows (≥ ``_MIN_SHARED_PREFIX`` tokens) is run once, as one row, into cache columns
+        0 … k−1 of every row; the rest of each prompt follows, left-padded, attending to it.
+        Keys carry their RoPE positions, so this column order changes nothing downstream.
         """
         self.refresh_weights()
         rows, plen = input_ids.shape
@@ -187,40 +216,77 @@ class LeanDecoder:
         self.cache = KVCache(
             len(self.layers), rows, self.kv_heads, max_len, self.head_dim, self.cache_dtype, self.device
         )
-        valid = attention_mask.bool()
-        self.cache.set_prompt_mask(valid)
-        causal = torch.ones(plen, plen, dtype=torch.bool, device=self.device).tril()
-        eye = torch.eye(plen, dtype=torch.bool, device=self.device)
-        # A padding query attends to itself only, so no row of the softmax is empty (NaN).
-        mask = (causal & valid[:, None, :]) | eye
-        cos, sin = self._rope_for(position_ids, int(position_ids.max()) + 1 + max_len - plen)
-        x = F.embedding(input_ids, self.embed.weight).to(self.compute_dtype)
-        for index, layer in enumerate(self.layers):
-            x = self._prefill_layer(index, layer, x, cos[:, :, None], sin[:, :, None], mask[:, None])
-        self.cache.length = plen
+        self._size_rope_table(int(position_ids.max()) + 1 + max_len - plen)
+        # Shared fp32 weights promise HF's exact computation, which a batch-of-one prefix breaks.
+        prefix = 0 if self.hf_numerics else shared_prefix_length(input_ids, attention_mask, position_ids)
+        if prefix < _MIN_SHARED_PREFIX:
+            x = self._prefill_block(input_ids, attention_mask.bool(), position_ids, 0)
+            self.cache.set_prompt_mask(attention_mask.bool())
+            self.cache.length = plen
+            return self._logits(x[:, -1])
+        shared = torch.arange(prefix, device=self.device)[None]
+        self._prefill_block(input_ids[:1, plen - int(attention_mask[0].sum()) :][:, :prefix],
+                            torch.ones_like(shared, dtype=torch.bool), shared, 0)
+        own = attention_mask.sum(dim=1) - prefix  # tokens after the prefix, per row
+        width = int(own.max())
+        valid = torch.arange(width, device=self.device)[None] >= (width - own)[:, None]
+        x = self._prefill_block(input_ids[:, plen - width :], valid, position_ids[:, plen - width :], prefix)
+        self.cache.set_prompt_mask(torch.cat([torch.ones(rows, prefix, dtype=torch.bool, device=self.device), valid], 1))
+        self.cache.length = prefix + width
         return self._logits(x[:, -1])
 
-    def _prefill_layer(
-        self, index: int, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+    def _prefill_block(
+        self, input_ids: torch.Tensor, valid: torch.Tensor, position_ids: torch.Tensor, start: int
     ) -> torch.Tensor:
-        rows, plen, _ = x.shape
+        """Run tokens (b, n) into cache columns ``start`` … ``start + n − 1``; hidden states out.
+
+        Each token attends to columns < ``start`` (already filled, all valid) and causally to the
+        valid tokens of its own block. ``b`` = 1 fills the columns of every cache row.
+        """
+        n = input_ids.shape[1]
+        causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        # A padding query attends to itself only, so no row of the softmax is empty (NaN).
+        mask = (causal & valid[:, None, :]) | torch.eye(n, dtype=torch.bool, device=self.device)
+        if start:
+            mask = torch.cat([mask.new_ones(mask.shape[0], n, start), mask], dim=2)
+        cos, sin = self._rope_rows(position_ids)
+        x = F.embedding(input_ids, self.embed.weight).to(self.compute_dtype)
+        for index, layer in enumerate(self.layers):
+            x = self._prefill_layer(index, layer, x, cos[:, :, None], sin[:, :, None], mask[:, None], start)
+        return x
+
+    def _prefill_layer(
+        self,
+        index: int,
+        layer: _Layer,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        start: int,
+    ) -> torch.Tensor:
+        rows, n, _ = x.shape
         heads, kv = self.num_heads, self.kv_heads
         h = _rms_norm(x, layer.w_in, self.eps)
-        qkv = layer.qkv(h).view(rows, plen, heads + 2 * kv, self.head_dim)
+        qkv = layer.qkv(h).view(rows, n, heads + 2 * kv, self.head_dim)
         qk = _rope(qkv[:, :, : heads + kv], cos, sin)
         q = qk[:, :, :heads].transpose(1, 2)
         k = qk[:, :, heads:].transpose(1, 2)
         v = qkv[:, :, heads + kv :].transpose(1, 2)
-        self.cache.keys(index)[:, :, :plen] = k
-        self.cache.values(index)[:, :, :plen] = v
+        keys, values = self.cache.keys(index), self.cache.values(index)
+        keys[:, :, start : start + n] = k
+        values[:, :, start : start + n] = v
+        if start:  # attend to the shared prefix in the cache too
+            q = q.to(self.cache_dtype)
+            k, v = keys[:, :, : start + n], values[:, :, : start + n]
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=heads != kv)
-        x = x + layer.o(attn.transpose(1, 2).reshape(rows, plen, heads * self.head_dim))
-        return x + self._mlp(layer, x)
+        attn = attn.to(self.compute_dtype).transpose(1, 2).reshape(rows, n, heads * self.head_dim)
+        return self._mlp(layer, layer.o.plus(attn, x))
 
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+        """x + down(silu(gate(h)) ⊙ up(h)), h = rms(x): three matmuls with fused epilogues."""
         h = _rms_norm(x, layer.w_post, self.eps)
-        gate, up = layer.gate_up(h).chunk(2, dim=-1)
-        return layer.down(F.silu(gate) * up)
+        return layer.down.plus(layer.up.times(h, layer.gate.silu(h)), x)
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One step for every cache row: ``tokens``, ``positions`` (rows,) → float32 logits (rows, V)."""
@@ -230,7 +296,7 @@ class LeanDecoder:
         col = cache.length
         if col >= cache.max_len:
             raise RuntimeError(f"KV cache full ({cache.max_len} columns)")
-        cos, sin = self._rope_for(positions, int(positions.max()) + 1)
+        cos, sin = self._rope_rows(positions)
         cos, sin = cos[:, None], sin[:, None]
         # Without padding no mask is needed; that SDPA call is also the one HF makes, so the
         # numerics match its decode step bit for bit.
@@ -260,16 +326,14 @@ class LeanDecoder:
         keys[:, :, col] = qk[:, heads:]
         values[:, :, col] = qkv[:, heads + kv :]
         keys, values = keys[:, :, : col + 1], values[:, :, : col + 1]
-        if mask is None and self.compute_dtype == self.cache_dtype:
+        if self.hf_numerics and mask is None:
             # HF's own call when nothing is padded: same numerics as its decode step.
             attn = F.scaled_dot_product_attention(qk[:, :heads, None], keys, values, enable_gqa=heads != kv)
         else:
-            # The g query heads sharing a key/value head become g query rows of that head
-            # (on CPU much faster than SDPA's own GQA handling for one query token).
+            # The g query heads sharing a key/value head become g query rows of that head.
             q = qk[:, :heads].reshape(rows, kv, heads // kv, hd).to(self.cache_dtype)
-            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask).to(self.compute_dtype)
-        x = x + layer.o(attn.reshape(rows, heads * hd))
-        return x + self._mlp(layer, x)
+            attn = _decode_attention(q, keys, values, mask, self.hf_numerics).to(self.compute_dtype)
+        return self._mlp(layer, layer.o.plus(attn.reshape(rows, heads * hd), x))
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         h = _rms_norm(x, self.w_final, self.eps)

@@ -193,11 +193,39 @@ class Projection:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (..., in_features) → (..., out_features)."""
+        if self._onednn_ready():
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight, self._packed_bias, "none", [], "")
+        return self._linear(x)
+
+    # Fused epilogues: one oneDNN call (matmul + element-wise op) on packed weights, which
+    # saves a pass over the output and a parallel region; the same ops in HF's order otherwise.
+    def silu(self, x: torch.Tensor) -> torch.Tensor:
+        """``silu(x·Wᵀ + b)``."""
+        if self._onednn_ready():
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight, self._packed_bias, "swish", [], "")
+        return F.silu(self._linear(x))
+
+    def times(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        """``(x·Wᵀ + b) ⊙ other``."""
+        if self._onednn_ready():
+            return torch.ops.mkldnn._linear_pointwise.binary(x, other, self._packed_weight, self._packed_bias, "mul")
+        return self._linear(x) * other
+
+    def plus(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + (x·Wᵀ + b)``."""
+        if self._onednn_ready():
+            return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self._packed_weight, self._packed_bias, "add")
+        return residual + self._linear(x)
+
+    def _onednn_ready(self) -> bool:
+        if self.weight_format != "packed":
+            return False
+        if self._packed_weight is None:
+            raise RuntimeError("packed Projection used before refresh(); call refresh() first")
+        return self._onednn
+
+    def _linear(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight_format == "packed":
-            if self._packed_weight is None:
-                raise RuntimeError("packed Projection used before refresh(); call refresh() first")
-            if self._onednn:
-                return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight, self._packed_bias, "none", [], "")
             return F.linear(x, self._packed_weight, self._packed_bias)
         if len(self.linears) == 1:
             lin = self.linears[0]

@@ -1,0 +1,122 @@
+"""The hybridflow-vs-TRL harness: both sides still run the same job (tiny model, 2 steps each).
+
+A correctness check only — nothing here looks at how long anything took.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch):
+    """``bench("common")`` imports a module of benchmarks/ (they import each other by flat name)."""
+    monkeypatch.syspath_prepend(str(BENCH_DIR))
+    return importlib.import_module
+
+
+@pytest.fixture(scope="module")
+def smoke_result(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    work = tmp_path_factory.mktemp("grpo_vs_trl")
+    out = work / "result.json"
+    cmd = [sys.executable, str(BENCH_DIR / "grpo_vs_trl.py"), "--model", str(tiny_model_dir), "--warmup", "1",
+           "--steps", "1", "--max-new-tokens", "16", "--work-dir", str(work), "--out", str(out), "--timeout", "240"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "TRL/hybridflow" in proc.stdout
+    return json.loads(out.read_text())
+
+
+def test_both_sides_ran_two_steps_on_the_same_prompts(smoke_result):
+    assert smoke_result["same_first_prompts"] is True
+    for side in ("hybridflow", "trl"):
+        result = smoke_result[side]
+        assert len(result["steps"]) == 2 and result["warmup_steps"] == 1
+        assert result["rows_per_step"] == 32
+        for step in result["steps"]:
+            assert 0 < step["gen_tokens"] <= 32 * 16  # 8 prompts × 4 samples, ≤ 16 new tokens each
+            assert 0.0 <= step["score_mean"] <= 1.0
+            assert step["step_s"] >= step["gen_s"] > 0.0
+        assert len(result["first_prompt_ids"]) == 8
+        assert result["peak_mem_tree_mb"] >= result["peak_rss_sampled_mb"] > 100
+        assert result["peak_rss_self_mb"] >= 0.95 * result["peak_rss_sampled_mb"]  # the true peak ≥ any sample
+
+
+def test_one_generation_and_one_update_per_step_on_both_sides(smoke_result):
+    trl = smoke_result["trl"]
+    assert trl["generations_per_step"] == 1.0
+    # neither side spends a forward on old log-probs (on-policy), both compute reference log-probs
+    assert any("old log-probs: skipped" in w and "counted: 0 passes" in w for w in trl["work"])
+    assert any("(1 call(s)/step, counted)" in w for w in trl["work"] if w.startswith("reference"))
+    assert any(w.startswith("old log-probs: skipped") for w in smoke_result["hybridflow"]["work"])
+    for step in smoke_result["hybridflow"]["steps"]:
+        assert step["phases"]["ref"] > 0.0 and "old_log_prob" not in step["phases"]
+        assert step["phases"]["update_actor"] > 0.0
+
+
+def test_ratios_and_summary_are_consistent(smoke_result):
+    summary, ratios = smoke_result["summary"], smoke_result["ratios"]
+    hf, trl = summary["hybridflow"], summary["trl"]
+    assert ratios["step_time_trl_over_hybridflow"] == pytest.approx(trl["median_step_s"] / hf["median_step_s"])
+    assert ratios["peak_rss_trl_over_hybridflow"] == pytest.approx(
+        smoke_result["trl"]["peak_rss_self_mb"] / smoke_result["hybridflow"]["peak_rss_self_mb"]
+    )
+    assert all(math.isfinite(v) and v > 0 for v in ratios.values())
+
+
+def test_summary_uses_timed_steps_only(bench):
+    common = bench("common")
+    steps = [  # the first is the warm-up: 100 s must not show anywhere
+        {"step_s": 100.0, "gen_s": 50.0, "gen_tokens": 1, "score_mean": 1.0, "phases": {"gen": 50.0}},
+        {"step_s": 4.0, "gen_s": 2.0, "gen_tokens": 300, "score_mean": 0.25, "phases": {"gen": 2.0, "ref": 1.0}},
+        {"step_s": 6.0, "gen_s": 3.0, "gen_tokens": 300, "score_mean": 0.5, "phases": {"gen": 3.0, "ref": 0.5}},
+        {"step_s": 5.0, "gen_s": 1.0, "gen_tokens": 200, "score_mean": 0.0, "phases": {"gen": 1.0, "ref": 1.5}},
+    ]
+    summary = common.summarize_steps({"side": "x", "warmup_steps": 1, "rows_per_step": 32, "steps": steps})
+    assert summary["median_step_s"] == 5.0 and summary["min_step_s"] == 4.0 and summary["max_step_s"] == 6.0
+    assert summary["rollout_tokens_per_s"] == pytest.approx(800 / 6)
+    assert summary["mean_response_tokens"] == pytest.approx(800 / 96)
+    assert summary["mean_score"] == pytest.approx(0.25)
+    assert summary["median_ref_s"] == 1.0 and summary["median_old_log_prob_s"] == 0.0
+    assert summary["median_rest_s"] == pytest.approx(2.5)  # rests: 1.0, 2.5, 2.5
+
+
+def test_learning_clock_schedule(bench):
+    clock = bench("common").LearningClock(budget_s=10.0, eval_every_s=4.0)
+    evaluated_at = []
+    for step_s in (3.0, 3.0, 3.0, 3.0):
+        if clock.eval_due():
+            evaluated_at.append(clock.train_s)
+            clock.mark_evaluated()
+        clock.add(step_s)
+    assert evaluated_at == [0.0, 6.0, 9.0]  # due at 0, then at ≥ 4, then at ≥ 8
+    assert clock.done() and clock.train_s == 12.0
+
+
+def test_settings_reject_a_micro_batch_that_does_not_divide_the_step(bench):
+    common = bench("common")
+    with pytest.raises(ValueError, match="micro_batch=5 must divide the 32 responses"):
+        common.BenchSettings(model="m", train_file="t", run_dir="r", micro_batch=5)
+    with pytest.raises(ValueError, match="samples_per_prompt must be at least 2"):
+        common.BenchSettings(model="m", train_file="t", run_dir="r", samples_per_prompt=1)
+
+
+def test_trl_reward_function_is_hybridflows_arithmetic_scorer(bench):
+    reward = bench("_trl_side").hybridflow_reward
+    columns = {
+        "data_source": ["hybridflow/arithmetic"] * 3,
+        "reward_model": [{"style": "rule", "ground_truth": "68"}] * 3,
+        "extra_info": [{"split": "train", "index": i} for i in range(3)],
+    }
+    chat = [[{"role": "assistant", "content": text}] for text in ("23 + 45 = 68. #### 68", "#### 67", "it is 68")]
+    assert reward([], chat, **columns) == [1.0, 0.0, 1.0]  # the last: lenient last-number rule
+    assert reward([], ["#### 68", "no number", "#### 68.0"], **columns) == [1.0, 0.0, 1.0]
