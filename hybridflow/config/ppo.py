@@ -189,6 +189,9 @@ class TrainerConfig:
     n_gpus_per_node: int = setting(1, "worker processes per machine (GPUs, or CPU processes)", ge=1)
     device: Literal["auto", "cpu", "cuda"] = setting("auto", "device: auto = cuda if available, else cpu")
     backend: Literal["local", "ray"] = setting("local", "worker runtime: local (in-process) or ray")
+    critic_placement: Literal["colocated", "separate"] = setting(
+        "colocated", "critic ranks: in the actor's processes (colocated) or their own processes (separate resource pool)"
+    )
     ray_address: str | None = setting(None, "address of a running Ray cluster; null = start a local one")
     seed: int = setting(1, "global seed (model init, sampling, shuffling)")
     balance_batch: bool = setting(True, "reorder rows so data-parallel ranks get similar token counts")

@@ -99,7 +99,8 @@ def build_reward_fns(config: PPOConfig, tokenizer):
 
 
 def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> WorkerGroups:
-    """Actor + rollout (+ reference) (+ critic) colocated: one process per rank hosts every role."""
+    """Actor + rollout (+ reference) colocated per rank; the critic with them (default) or in
+    its own processes (``trainer.critic_placement=separate``)."""
     trainer = config.trainer
     device = resolve_device(trainer.device)
     # use_gpu: on Ray each rank gets its own GPU (CUDA_VISIBLE_DEVICES); the local backend ignores it
@@ -113,18 +114,26 @@ def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> W
     roles_spec = actor_rollout_ref_roles(
         arr, rollout=rollout, with_ref=use_reference, total_training_steps=total_steps, device=device, seed=trainer.seed
     )
-    if config.critic.enable:
-        roles_spec["critic"] = ClassWithInitArgs(
-            CriticWorker, config.critic, rollout_n=arr.rollout.n, total_training_steps=total_steps,
-            device=device, seed=trainer.seed, trust_remote_code=arr.model.trust_remote_code,
-        )
+    critic_spec = ClassWithInitArgs(
+        CriticWorker, config.critic, rollout_n=arr.rollout.n, total_training_steps=total_steps,
+        device=device, seed=trainer.seed, trust_remote_code=arr.model.trust_remote_code,
+    )
+    colocate_critic = config.critic.enable and trainer.critic_placement == "colocated"
+    if colocate_critic:
+        roles_spec["critic"] = critic_spec
     group = create_worker_group(trainer.backend, pool, colocated_class(roles_spec))
     roles = group.spawn()
     for role in ("actor", "rollout", "ref", "critic"):  # actor first: it publishes the live policy
         if role in roles:
             roles[role].init_model()
+    owners, critic = [group], roles.get("critic")
+    if config.critic.enable and not colocate_critic:  # its own processes: a second resource pool
+        critic_pool = ResourcePool([trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=device == "cuda")
+        critic = create_worker_group(trainer.backend, critic_pool, critic_spec)
+        critic.init_model()
+        owners.append(critic)
     return WorkerGroups(
-        actor=roles["actor"], rollout=roles["rollout"], ref=roles.get("ref"), critic=roles.get("critic"), owner=group
+        actor=roles["actor"], rollout=roles["rollout"], ref=roles.get("ref"), critic=critic, owners=owners
     )
 
 

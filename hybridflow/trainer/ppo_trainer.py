@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -59,7 +59,7 @@ class WorkerGroups:
     rollout: Any
     ref: Any | None = None
     critic: Any | None = None
-    owner: Any | None = None  # the group whose ranks host every role; shut down at the end
+    owners: list[Any] = field(default_factory=list)  # groups that own worker processes; shut down at the end
 
 
 class PPOTrainer:
@@ -400,8 +400,8 @@ class PPOTrainer:
     def close(self) -> None:
         """Flush the loggers and stop the worker processes (Ray actors) of this run."""
         self.tracking.finish()
-        if self.workers.owner is not None:
-            self.workers.owner.shutdown()
+        for group in self.workers.owners:
+            group.shutdown()
 
     def load_checkpoint(self) -> None:
         trainer_cfg = self.config.trainer

@@ -41,6 +41,11 @@ def test_every_estimator_runs_two_steps(estimator, tiny_task_dir, tmp_path, tiny
         assert "timing_s/gen_baseline" in rows[-1]
 
 
+def test_gae_with_the_critic_in_its_own_processes(tiny_task_dir, tmp_path, tiny_model_dir):
+    rows = _run(tiny_task_dir, tmp_path, tiny_model_dir, "algorithm.adv_estimator=gae", "trainer.critic_placement=separate")
+    assert [r["step"] for r in rows] == [1, 2] and math.isfinite(rows[-1]["critic/vf_loss"])
+
+
 def test_grpo_with_kl_loss(tiny_task_dir, tmp_path, tiny_model_dir):
     rows = _run(tiny_task_dir, tmp_path, tiny_model_dir,
                 "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.1")
