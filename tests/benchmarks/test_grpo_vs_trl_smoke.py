@@ -29,7 +29,7 @@ def smoke_result(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     work = tmp_path_factory.mktemp("grpo_vs_trl")
     out = work / "result.json"
     cmd = [sys.executable, str(BENCH_DIR / "grpo_vs_trl.py"), "--model", str(tiny_model_dir), "--warmup", "1",
-           "--steps", "1", "--max-new-tokens", "16", "--work-dir", str(work), "--out", str(out), "--timeout", "240"]
+           "--steps", "1", "--max-new-tokens", "16", "--threads", "1", "--work-dir", str(work), "--out", str(out), "--timeout", "240"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "TRL/hybridflow" in proc.stdout

@@ -1,0 +1,396 @@
+"""What both sides of the hybridflow-vs-TRL comparison share: settings, data, child processes, stats.
+
+The comparison scripts (``grpo_vs_trl.py``, ``learning_vs_trl.py``) run each side in its own
+child process (``_hybridflow_side.py``, ``_trl_side.py``) with one :class:`BenchSettings`
+written as JSON. A child writes one JSON result (:func:`write_json`); the parent samples the
+child's process-tree RSS while it runs (:func:`run_side`) and compares the two results.
+
+Everything here is importable without torch, so the parent process stays small and its own
+memory never blurs the children's.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+SIDES: dict[str, Path] = {
+    "hybridflow": BENCH_DIR / "_hybridflow_side.py",
+    "trl": BENCH_DIR / "_trl_side.py",
+}
+DTYPES: tuple[str, ...] = ("fp32", "bf16")
+# Phases timed on both sides (seconds per step); the rest of a step is the update (forward +
+# backward + optimizer) plus advantages and bookkeeping.
+PHASES: tuple[str, ...] = ("gen", "reward", "old_log_prob", "ref")
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """One job, identical on both sides. Sizes count prompts or responses as named.
+
+    ``micro_batch`` is the number of responses per forward/backward pass (and per reference
+    log-prob pass); ``prompts_per_step × samples_per_prompt`` responses make one optimizer
+    step. ``budget_s`` switches a side to the learning mode: train until that much training
+    time has passed, measuring greedy accuracy on ``test_file`` every ``eval_every_s``
+    seconds of training time (evaluation time is not counted).
+    """
+
+    model: str
+    train_file: str
+    run_dir: str
+    prompts_per_step: int = 8
+    samples_per_prompt: int = 4
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    kl_coef: float = 0.001
+    clip_ratio: float = 0.2
+    grad_clip: float = 1.0
+    micro_batch: int = 8
+    dtype: str = "fp32"
+    seed: int = 1
+    threads: int = 1
+    warmup_steps: int = 1
+    steps: int = 3
+    test_file: str | None = None
+    budget_s: float | None = None
+    eval_every_s: float | None = None
+
+    def __post_init__(self) -> None:
+        positive = ("prompts_per_step", "max_new_tokens", "micro_batch", "threads", "steps")
+        bad = [f"{name}={getattr(self, name)}" for name in positive if getattr(self, name) < 1]
+        if bad:
+            raise ValueError(f"these settings must be at least 1: {', '.join(bad)}")
+        if self.samples_per_prompt < 2:
+            raise ValueError(f"samples_per_prompt must be at least 2 (GRPO compares samples), got {self.samples_per_prompt}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.rows_per_step % self.micro_batch:
+            raise ValueError(
+                f"micro_batch={self.micro_batch} must divide the {self.rows_per_step} responses of a step "
+                f"(prompts_per_step × samples_per_prompt)"
+            )
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if (self.budget_s is None) != (self.eval_every_s is None) or (self.budget_s is not None and self.test_file is None):
+            raise ValueError("the learning mode needs budget_s, eval_every_s and test_file together")
+
+    @property
+    def rows_per_step(self) -> int:
+        """Responses per optimizer step: prompts × samples."""
+        return self.prompts_per_step * self.samples_per_prompt
+
+    @property
+    def micro_steps(self) -> int:
+        """Forward/backward passes (gradient-accumulation steps) per optimizer step."""
+        return self.rows_per_step // self.micro_batch
+
+    @property
+    def total_steps(self) -> int:
+        """Warm-up plus timed steps (the speed mode's step count)."""
+        return self.warmup_steps + self.steps
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return write_json(path, asdict(self))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "BenchSettings":
+        raw = json.loads(Path(path).read_text())
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown settings {unknown}")
+        return cls(**raw)
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> Path:
+    """Write ``obj`` as indented JSON (parents created); returns the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    return out
+
+
+def write_arithmetic_task(out_dir: Path, train_size: int, test_size: int, seed: int = 0, digits: int = 2) -> Path:
+    """The built-in arithmetic task (``hybridflow data arithmetic``) in ``out_dir``; returns the folder."""
+    sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing
+    from hybridflow.data.__main__ import main as data_main
+
+    argv = ["arithmetic", "--out", str(out_dir), "--train-size", str(train_size), "--test-size", str(test_size),
+            "--seed", str(seed), "--digits", str(digits)]
+    if data_main(argv) != 0:
+        raise RuntimeError(f"hybridflow data {' '.join(argv)} failed")
+    return out_dir
+
+
+# ---------------------------------------------------------------------------------- children
+def private_bytes(pid: int) -> int:
+    """Memory only ``pid`` holds (``Private_Clean + Private_Dirty`` of ``/proc/PID/smaps_rollup``).
+
+    For a forked helper process this leaves out the pages it still shares with its parent,
+    which its RSS would count a second time.
+    """
+    total_kib = 0
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                total_kib += int(line.split()[1])
+    return total_kib * 1024
+
+
+class TreeMemorySampler:
+    """Peak memory of a process tree, sampled every ``interval_s``: the root's RSS plus each
+    descendant's private memory (:func:`private_bytes`), and the root's RSS alone."""
+
+    def __init__(self, pid: int, interval_s: float = 0.2) -> None:
+        self.pid = pid
+        self.interval_s = interval_s
+        self.peak_tree_bytes = 0
+        self.peak_root_bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "TreeMemorySampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.NoSuchProcess:
+            return
+        while not self._stop.is_set():
+            try:
+                root_rss = root.memory_info().rss
+                helpers = root.children(recursive=True)
+            except psutil.NoSuchProcess:
+                return
+            extra = 0
+            for proc in helpers:
+                try:
+                    extra += private_bytes(proc.pid)
+                except OSError:
+                    continue  # a short-lived helper ended between listing and reading
+            self.peak_root_bytes = max(self.peak_root_bytes, root_rss)
+            self.peak_tree_bytes = max(self.peak_tree_bytes, root_rss + extra)
+            self._stop.wait(self.interval_s)
+
+
+def child_env(threads: int) -> dict[str, str]:
+    """The environment of a side's process: offline, ``threads`` intra-op threads, quiet tokenizers."""
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def run_side(side: str, settings: BenchSettings, timeout_s: float | None = None, echo: bool = True) -> dict[str, Any]:
+    """Run one side's child process on ``settings``; returns its JSON result plus parent-side facts.
+
+    Added keys: ``peak_mem_tree_mb`` (the child's RSS plus its helper processes' private
+    memory, sampled), ``peak_rss_sampled_mb`` (the child's RSS, sampled), ``wall_s``,
+    ``load_before`` / ``load_after`` (1-minute load average), ``log`` (the child's output file).
+    """
+    if side not in SIDES:
+        raise ValueError(f"unknown side {side!r}; valid: {', '.join(SIDES)}")
+    run_dir = Path(settings.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    settings_path = settings.save(run_dir / "settings.json")
+    out_path, log_path = run_dir / "result.json", run_dir / "log.txt"
+    out_path.unlink(missing_ok=True)
+    cmd = [sys.executable, str(SIDES[side]), "--settings", str(settings_path), "--out", str(out_path)]
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(settings.threads))
+        with TreeMemorySampler(proc.pid) as sampler:
+            try:
+                rc = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(f"{side} side ran past {timeout_s} s; its log: {log_path}") from None
+    wall = time.perf_counter() - start
+    if rc != 0 or not out_path.is_file():
+        raise RuntimeError(f"{side} side failed (exit code {rc}); last lines of {log_path}:\n{tail(log_path, 40)}")
+    result = json.loads(out_path.read_text())
+    result.update(peak_mem_tree_mb=sampler.peak_tree_bytes / MIB, peak_rss_sampled_mb=sampler.peak_root_bytes / MIB,
+                  wall_s=wall, load_before=load_before,
+                  load_after=os.getloadavg()[0], log=str(log_path))
+    if echo:
+        print(f"  {side}: done in {wall:.0f} s (log: {log_path})")
+    return result
+
+
+def tail(path: Path, lines: int) -> str:
+    text = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    return "\n".join(text[-lines:])
+
+
+def peak_rss_self_mb() -> tuple[float, float]:
+    """``(this process, its waited-for children)`` peak RSS in MiB (``getrusage``; Linux counts KiB)."""
+    import resource
+
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
+
+
+# ---------------------------------------------------------------------------------- statistics
+def summarize_steps(result: dict[str, Any]) -> dict[str, float]:
+    """Median / min / max step time and rollout tokens/s over the timed (post-warm-up) steps.
+
+    Rollout tokens/s = Σ generated response tokens / Σ generation seconds over those steps.
+    ``median_{phase}_s`` for each of :data:`PHASES` (0 when a side skips it) and
+    ``median_rest_s`` = step time minus those phases.
+    """
+    timed = result["steps"][result["warmup_steps"]:]
+    if not timed:
+        raise ValueError(f"{result['side']}: no timed steps after {result['warmup_steps']} warm-up step(s)")
+    times = [s["step_s"] for s in timed]
+    gen_s = sum(s["gen_s"] for s in timed)
+    tokens = sum(s["gen_tokens"] for s in timed)
+    return {
+        "timed_steps": float(len(timed)),
+        "median_step_s": statistics.median(times),
+        "min_step_s": min(times),
+        "max_step_s": max(times),
+        "median_gen_s": statistics.median(s["gen_s"] for s in timed),
+        "rollout_tokens_per_s": tokens / gen_s if gen_s > 0 else float("nan"),
+        "mean_response_tokens": tokens / (result["rows_per_step"] * len(timed)),
+        "mean_score": statistics.fmean(s["score_mean"] for s in timed),
+        **{f"median_{name}_s": statistics.median(s["phases"].get(name, 0.0) for s in timed) for name in PHASES},
+        "median_rest_s": statistics.median(s["step_s"] - sum(s["phases"].get(n, 0.0) for n in PHASES) for s in timed),
+    }
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else float("nan")
+
+
+def compare(hybridflow: dict[str, Any], trl: dict[str, Any]) -> dict[str, float]:
+    """The TRL / hybridflow ratios of step time, rollout tokens/s, peak RSS of the main process
+    (``getrusage``) and peak memory of the process tree (main RSS + helpers' private memory).
+
+    Step time and RSS: > 1 means hybridflow is faster / smaller. Tokens/s: < 1 means
+    hybridflow generates faster.
+    """
+    hf, tr = summarize_steps(hybridflow), summarize_steps(trl)
+    return {
+        "step_time_trl_over_hybridflow": ratio(tr["median_step_s"], hf["median_step_s"]),
+        "rollout_tokens_per_s_trl_over_hybridflow": ratio(tr["rollout_tokens_per_s"], hf["rollout_tokens_per_s"]),
+        "peak_rss_trl_over_hybridflow": ratio(trl["peak_rss_self_mb"], hybridflow["peak_rss_self_mb"]),
+        "peak_mem_tree_trl_over_hybridflow": ratio(trl["peak_mem_tree_mb"], hybridflow["peak_mem_tree_mb"]),
+    }
+
+
+def machine_facts() -> dict[str, Any]:
+    """Cores, load and package versions (read from metadata: nothing heavy is imported)."""
+    versions = {}
+    for name in ("torch", "transformers", "trl", "accelerate"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return {"cores": os.cpu_count(), "loadavg": list(os.getloadavg()), "python": sys.version.split()[0], **versions}
+
+
+# ---------------------------------------------------------------------------------- report
+def format_speed_report(settings: BenchSettings, hybridflow: dict[str, Any], trl: dict[str, Any]) -> str:
+    """The table printed by ``grpo_vs_trl.py``: one row per quantity, both sides and the ratio."""
+    hf, tr = summarize_steps(hybridflow), summarize_steps(trl)
+    ratios = compare(hybridflow, trl)
+    rows = [
+        ("median step time (s)", hf["median_step_s"], tr["median_step_s"], ratios["step_time_trl_over_hybridflow"]),
+        ("  min / max step (s)", f"{hf['min_step_s']:.2f} / {hf['max_step_s']:.2f}",
+         f"{tr['min_step_s']:.2f} / {tr['max_step_s']:.2f}", ""),
+        ("median rollout time (s)", hf["median_gen_s"], tr["median_gen_s"], ratio(tr["median_gen_s"], hf["median_gen_s"])),
+        ("rollout tokens/s", hf["rollout_tokens_per_s"], tr["rollout_tokens_per_s"],
+         ratios["rollout_tokens_per_s_trl_over_hybridflow"]),
+        *[(f"  median {name} phase (s)", hf[f"median_{name}_s"], tr[f"median_{name}_s"],
+           ratio(tr[f"median_{name}_s"], hf[f"median_{name}_s"])) for name in PHASES if name != "gen"],
+        ("  median rest: update etc. (s)", hf["median_rest_s"], tr["median_rest_s"],
+         ratio(tr["median_rest_s"], hf["median_rest_s"])),
+        ("mean response tokens", hf["mean_response_tokens"], tr["mean_response_tokens"], ""),
+        ("mean reward (timed steps)", hf["mean_score"], tr["mean_score"], ""),
+        ("peak RSS, main process (MiB)", hybridflow["peak_rss_self_mb"], trl["peak_rss_self_mb"],
+         ratios["peak_rss_trl_over_hybridflow"]),
+        ("peak memory, process tree (MiB)", hybridflow["peak_mem_tree_mb"], trl["peak_mem_tree_mb"],
+         ratios["peak_mem_tree_trl_over_hybridflow"]),
+        ("setup before step 1 (s)", hybridflow["setup_s"], trl["setup_s"], ""),
+        ("1-min load before / after", f"{hybridflow['load_before']:.1f} / {hybridflow['load_after']:.1f}",
+         f"{trl['load_before']:.1f} / {trl['load_after']:.1f}", ""),
+    ]
+    lines = [
+        f"GRPO step, {settings.prompts_per_step} prompts × {settings.samples_per_prompt} samples, "
+        f"≤ {settings.max_new_tokens} new tokens, {settings.dtype}, {settings.threads} threads, "
+        f"{settings.steps} timed step(s) after {settings.warmup_steps} warm-up",
+        f"{'':30} {'hybridflow':>14} {'TRL':>14} {'TRL/hybridflow':>15}",
+    ]
+    for name, a, b, r in rows:
+        lines.append(f"{name:30} {_cell(a):>14} {_cell(b):>14} {_cell(r):>15}")
+    lines.append("peak RSS: getrusage of each side's process; process tree: its RSS plus the private memory of")
+    lines.append("its helper processes (hybridflow's forked reward worker), sampled every 0.2 s")
+    lines.append("work each side does per step (measured where marked):")
+    lines += [f"  hybridflow: {w}" for w in hybridflow["work"]]
+    lines += [f"  TRL:        {w}" for w in trl["work"]]
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value)
+
+
+# ---------------------------------------------------------------------------------- learning mode
+@dataclass
+class LearningClock:
+    """Training-time bookkeeping of the learning mode (evaluation time is never added).
+
+    Evaluate at 0 s, then each time another ``eval_every_s`` seconds of training passed; stop
+    once ``budget_s`` seconds of training passed.
+    """
+
+    budget_s: float
+    eval_every_s: float
+    train_s: float = 0.0
+    next_eval_s: float = 0.0
+
+    def add(self, step_s: float) -> None:
+        self.train_s += step_s
+
+    def eval_due(self) -> bool:
+        return self.train_s >= self.next_eval_s
+
+    def mark_evaluated(self) -> None:
+        while self.next_eval_s <= self.train_s:
+            self.next_eval_s += self.eval_every_s
+
+    def done(self) -> bool:
+        return self.train_s >= self.budget_s
