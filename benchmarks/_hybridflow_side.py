@@ -24,6 +24,8 @@ from common import BenchSettings, LearningClock, peak_rss_self_mb, write_json  #
 
 SCORE_KEY = "critic/score/mean"
 VAL_KEY = "val-core/mean"
+# Update diagnostics kept per step, under the names the TRL side uses.
+TRAIN_METRICS = {"grad_norm": "actor/grad_norm", "kl": "actor/kl_loss", "entropy": "actor/entropy"}
 
 
 def max_prompt_tokens(tokenizer: Any, files: list[str]) -> int:
@@ -106,6 +108,7 @@ def step_record(metrics: dict[str, float], step_s: float, rows: int) -> dict[str
         "gen_s": metrics["timing_s/gen"],
         "gen_tokens": int(round(metrics["response_length/mean"] * rows)),
         "score_mean": metrics[SCORE_KEY],
+        "train": {name: metrics[key] for name, key in TRAIN_METRICS.items()},
         "phases": {k.removeprefix("timing_s/"): v for k, v in metrics.items() if k.startswith("timing_s/")},
     }
 

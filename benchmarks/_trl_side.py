@@ -32,7 +32,8 @@ from hybridflow.data.io import read_rows  # noqa: E402
 from hybridflow.data.schema import PROMPT_KEY  # noqa: E402
 from hybridflow.workers.reward import default_compute_score, normalize_result  # noqa: E402
 
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# Update diagnostics kept per step (TRL's logged names; the hybridflow side maps its own to them).
+TRAIN_METRICS = ("grad_norm", "kl", "entropy")
 
 
 def hybridflow_reward(prompts: list, completions: list, **columns: Any) -> list[float]:
@@ -252,8 +253,10 @@ def run(settings: BenchSettings) -> dict[str, Any]:
          "phases": gen["phases"]}
         for step_s, gen in zip(clock.step_times, trainer.generations, strict=False)
     ]
-    for record, reward in zip(steps, _logged(trainer, "reward"), strict=False):
-        record["score_mean"] = reward
+    logged = [entry for entry in trainer.state.log_history if "reward" in entry]  # one per optimizer step
+    for record, entry in zip(steps, logged, strict=False):
+        record["score_mean"] = entry["reward"]
+        record["train"] = {name: entry[name] for name in TRAIN_METRICS}
     first = trainer.generations[0]["prompt_ids"][:: settings.samples_per_prompt] if trainer.generations else None
     self_mb, children_mb = peak_rss_self_mb()
     return {
@@ -263,11 +266,6 @@ def run(settings: BenchSettings) -> dict[str, Any]:
         "work": describe_work(trainer, settings, len(clock.step_times)), "first_prompt_ids": first,
         "peak_rss_self_mb": self_mb, "peak_rss_children_mb": children_mb, "torch_threads": torch.get_num_threads(),
     }
-
-
-def _logged(trainer: GRPOTrainer, key: str) -> list[float]:
-    """Per-step values of a metric TRL logged (``logging_steps=1``: one entry per optimizer step)."""
-    return [entry[key] for entry in trainer.state.log_history if key in entry]
 
 
 def main(argv: list[str] | None = None) -> int:

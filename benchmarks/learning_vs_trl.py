@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         results[side] = run_side(side, side_settings(args, model, data, work / side), timeout_s=None)
     settings = side_settings(args, model, data, work)
     title = (f"{Path(model).name}, {args.dtype}, {args.prompts}×{args.samples} per step, lr {args.lr:g}, "
-             f"β {args.kl_coef:g}, {args.test_size} test prompts, {args.threads} threads")
+             f"β {args.kl_coef:g}, {args.test_size} test prompts, threads={args.threads}")
     png = plot(results, title, Path(args.png) if args.png else work / "learning_vs_trl.png")
     out = Path(args.out) if args.out else work / "learning_vs_trl.json"
     write_json(out, {"settings": asdict(settings), "machine": machine, "finished": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -4,7 +4,8 @@
     python benchmarks/rollout.py --dtypes bf16 --batches 32 --repeats 3
     python benchmarks/rollout.py --model tiny-llama --new-tokens 16   # quick smoke run
 
-Both engines decode greedily and produce exactly ``--new-tokens`` tokens per row (HF with
+Both engines decode greedily (``--sample``: sample at temperature 1 from the full
+distribution, as RL rollouts do) and produce exactly ``--new-tokens`` tokens per row (HF with
 ``min_new_tokens``, ours with ``ignore_eos``), so token counts are equal; tokens/s counts new
 tokens over the whole call (prefill included). The two alternate ``--repeats`` times and the
 best time of each is reported, which damps the noise of a shared machine; the load average is
@@ -63,14 +64,19 @@ class Clock:
         self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
 
 
-def time_hf(model, prompts: dict[str, torch.Tensor], new_tokens: int, pad_id: int) -> tuple[Clock, torch.Tensor]:
+def time_hf(
+    model, prompts: dict[str, torch.Tensor], new_tokens: int, pad_id: int, sample: bool
+) -> tuple[Clock, torch.Tensor]:
     with Clock() as clock, torch.inference_mode():
         out = model.generate(
             input_ids=prompts["input_ids"],
             attention_mask=prompts["attention_mask"],
             max_new_tokens=new_tokens,
             min_new_tokens=new_tokens,
-            do_sample=False,
+            do_sample=sample,
+            temperature=1.0 if sample else None,
+            top_k=None,
+            top_p=None,
             pad_token_id=pad_id,
         )
     return clock, out[:, prompts["input_ids"].shape[1] :]
@@ -100,7 +106,8 @@ def run_case(args: argparse.Namespace, dtype: str, batch: int) -> None:
     model.generation_config.top_k = None
     prompts = build_prompts(tokenizer, batch)
     config = replace(
-        RolloutConfig(), response_length=args.new_tokens, do_sample=False, ignore_eos=True, seed=0
+        RolloutConfig(), response_length=args.new_tokens, do_sample=args.sample, temperature=1.0,
+        top_k=-1, top_p=1.0, ignore_eos=True, seed=0
     )
     rollout = TorchRollout(config, model, tokenizer, weight_format=args.weight_format)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -108,12 +115,12 @@ def run_case(args: argparse.Namespace, dtype: str, batch: int) -> None:
     hf = [math.inf, math.inf]  # best wall, best CPU seconds
     ours = [math.inf, math.inf]
     for _ in range(args.repeats):
-        clock, hf_tokens = time_hf(model, prompts, args.new_tokens, pad_id)
+        clock, hf_tokens = time_hf(model, prompts, args.new_tokens, pad_id, args.sample)
         hf = [min(hf[0], clock.wall), min(hf[1], clock.cpu)]
         clock, ours_tokens = time_ours(rollout, prompts)
         ours = [min(ours[0], clock.wall), min(ours[1], clock.cpu)]
     new = batch * args.new_tokens
-    same = compare_greedy(hf_tokens, ours_tokens, tokenizer.eos_token_id)
+    same = "n/a (sampled)" if args.sample else compare_greedy(hf_tokens, ours_tokens, tokenizer.eos_token_id)
     print(
         f"| {dtype} | {batch} | {prompts['input_ids'].shape[1]} | {args.new_tokens} | "
         f"{new / hf[0]:.1f} | {new / ours[0]:.1f} | **{hf[0] / ours[0]:.2f}x** | "
@@ -130,6 +137,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs per engine; best kept")
     parser.add_argument("--weight-format", default="auto", choices=["auto", "shared", "packed"])
+    parser.add_argument("--sample", action="store_true", help="sample at temperature 1 (as in RL) instead of greedy")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     args = parser.parse_args()
     if args.threads:
@@ -147,7 +155,7 @@ def main() -> None:
     for dtype in args.dtypes:
         for batch in args.batches:
             run_case(args, dtype, batch)
-    print(f"load average at the end {os.getloadavg()}")
+    print(f"mode: {'sampling, temperature 1' if args.sample else 'greedy'}; load average at the end {os.getloadavg()}")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,8 @@ def test_both_sides_ran_two_steps_on_the_same_prompts(smoke_result):
             assert 0 < step["gen_tokens"] <= 32 * 16  # 8 prompts × 4 samples, ≤ 16 new tokens each
             assert 0.0 <= step["score_mean"] <= 1.0
             assert step["step_s"] >= step["gen_s"] > 0.0
+            assert set(step["train"]) == {"grad_norm", "kl", "entropy"}
+            assert all(math.isfinite(v) for v in step["train"].values())
         assert len(result["first_prompt_ids"]) == 8
         assert result["peak_mem_tree_mb"] >= result["peak_rss_sampled_mb"] > 100
         assert result["peak_rss_self_mb"] >= 0.95 * result["peak_rss_sampled_mb"]  # the true peak ≥ any sample

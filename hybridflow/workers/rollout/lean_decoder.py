@@ -224,14 +224,17 @@ class LeanDecoder:
             self.cache.set_prompt_mask(attention_mask.bool())
             self.cache.length = plen
             return self._logits(x[:, -1])
-        shared = torch.arange(prefix, device=self.device)[None]
-        self._prefill_block(input_ids[:1, plen - int(attention_mask[0].sum()) :][:, :prefix],
-                            torch.ones_like(shared, dtype=torch.bool), shared, 0)
-        own = attention_mask.sum(dim=1) - prefix  # tokens after the prefix, per row
+        # 1) the prefix, taken from row 0, into columns 0 … k−1 of every row
+        first = plen - int(attention_mask[0].sum())
+        prefix_positions = torch.arange(prefix, device=self.device)[None]
+        prefix_valid = torch.ones_like(prefix_positions, dtype=torch.bool)
+        self._prefill_block(input_ids[:1, first : first + prefix], prefix_valid, prefix_positions, 0)
+        # 2) each row's own tokens, left-padded to the longest, into the next columns
+        own = attention_mask.sum(dim=1) - prefix
         width = int(own.max())
         valid = torch.arange(width, device=self.device)[None] >= (width - own)[:, None]
         x = self._prefill_block(input_ids[:, plen - width :], valid, position_ids[:, plen - width :], prefix)
-        self.cache.set_prompt_mask(torch.cat([torch.ones(rows, prefix, dtype=torch.bool, device=self.device), valid], 1))
+        self.cache.set_prompt_mask(torch.cat([prefix_valid.expand(rows, prefix), valid], dim=1))
         self.cache.length = prefix + width
         return self._logits(x[:, -1])
 
