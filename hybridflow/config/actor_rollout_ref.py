@@ -13,6 +13,7 @@ from typing import Literal
 from hybridflow.config.spec import section, setting
 
 Dtype = Literal["fp32", "bf16"]
+AttnImplementation = Literal["auto", "eager", "sdpa"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class ModelConfig:
     custom_chat_template: str | None = setting(None, "Jinja chat template replacing the tokenizer's; null = keep it")
     trust_remote_code: bool = setting(False, "allow model/tokenizer code from the model folder to run")
     enable_gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")
+    attn_implementation: AttnImplementation = setting(
+        "auto", "attention kernel: eager, sdpa, or auto = eager on CPU for rows of ≤ 256 tokens (faster there), else sdpa"
+    )
     lora_rank: int = setting(0, "LoRA rank; 0 = full fine-tuning", ge=0)
     lora_alpha: float = setting(16.0, "LoRA scaling alpha (scale = lora_alpha / lora_rank)", gt=0)
     target_modules: str | tuple[str, ...] = setting(

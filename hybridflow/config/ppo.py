@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from hybridflow.config.actor_rollout_ref import ActorRolloutRefConfig, Dtype, OptimConfig
+from hybridflow.config.actor_rollout_ref import ActorRolloutRefConfig, AttnImplementation, Dtype, OptimConfig
 from hybridflow.config.spec import section, setting
 
 
@@ -61,6 +61,9 @@ class CriticModelConfig:
     path: str | None = setting(None, "critic model; null = actor_rollout_ref.model.path")
     dtype: Dtype | None = setting(None, "critic dtype: fp32 or bf16; null = actor_rollout_ref.model.dtype")
     enable_gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")
+    attn_implementation: AttnImplementation | None = setting(
+        None, "attention kernel: auto, eager or sdpa; null = actor_rollout_ref.model.attn_implementation"
+    )
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,7 @@ def _resolve_critic(critic: CriticConfig, arr: ActorRolloutRefConfig, needs_valu
         critic.model,
         path=_or(critic.model.path, arr.model.path),
         dtype=_or(critic.model.dtype, arr.model.dtype),
+        attn_implementation=_or(critic.model.attn_implementation, arr.model.attn_implementation),
     )
     return replace(
         critic,

@@ -4,7 +4,11 @@ A plan is a list of micro-batches, each a list of row indices into the batch. Ou
 computed micro-batch by micro-batch are put back in the batch's order with
 :func:`restore_order`.
 
-* by count (``*_micro_batch_size_per_gpu``): consecutive rows, ``size`` at a time;
+* by count (``*_micro_batch_size_per_gpu``): ``size`` rows at a time, taken in order of
+  length (longest first, ties in batch order). Which rows share a micro-batch changes no
+  result — losses are normalised over the mini-batch — but each micro-batch is cut to its
+  longest row (:mod:`hybridflow.engine.forward`), so grouping rows of similar length skips
+  padding: with sampled responses of 5–64 tokens it removes about a fifth of the work;
 * by token budget (``use_dynamic_bsz`` + ``*_max_token_len_per_gpu``): rows sorted by length
   (longest first, ties in batch order) and packed greedily while ``rows × longest ≤ budget``
   — the padded size of the micro-batch — so rows of similar length share a micro-batch and
@@ -47,9 +51,13 @@ def plan_micro_batches(lengths: Sequence[int] | torch.Tensor, spec: MicroBatchSp
     if not lengths:
         return []
     if spec.size is not None:
-        n = len(lengths)
-        return [list(range(start, min(start + spec.size, n))) for start in range(0, n, spec.size)]
+        order = _longest_first(lengths)
+        return [order[start : start + spec.size] for start in range(0, len(order), spec.size)]
     return _pack_by_tokens(lengths, int(spec.max_token_len))  # type: ignore[arg-type]
+
+
+def _longest_first(lengths: list[int]) -> list[int]:
+    return sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
 
 
 def _pack_by_tokens(lengths: list[int], budget: int) -> list[list[int]]:
@@ -59,7 +67,7 @@ def _pack_by_tokens(lengths: list[int], budget: int) -> list[list[int]]:
             f"max_token_len ({budget}) is smaller than the longest row ({longest} tokens); "
             "raise the token budget to at least the prompt + response length"
         )
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    order = _longest_first(lengths)
     plan: list[list[int]] = []
     current: list[int] = []
     current_max = 0

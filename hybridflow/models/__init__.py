@@ -1,5 +1,6 @@
 """Loading models and tokenizers: HF folders, packaged GGUF models, tiny in-code models."""
 
+from hybridflow.models.attention import ATTN_IMPLEMENTATIONS, choose_attn_implementation, policy_attn_implementation
 from hybridflow.models.loader import (
     DTYPES,
     ModelLoadError,
@@ -11,14 +12,17 @@ from hybridflow.models.sources import MODEL_SOURCES, cache_dir, resolve_model_pa
 from hybridflow.models.value_model import ValueHeadModel, load_value_model
 
 __all__ = [
+    "ATTN_IMPLEMENTATIONS",
     "DTYPES",
     "MODEL_SOURCES",
     "ModelLoadError",
     "ValueHeadModel",
     "cache_dir",
+    "choose_attn_implementation",
     "load_model_and_tokenizer",
     "load_tokenizer",
     "load_value_model",
     "parse_dtype",
+    "policy_attn_implementation",
     "resolve_model_path",
 ]

@@ -61,16 +61,21 @@ def load_model_and_tokenizer(
     lora_alpha: int = 16,
     target_modules: str | list[str] = "all-linear",
     trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` for ``path`` (HF folder, ``smollm2-135m-instruct``, ``tiny-llama``...).
 
     With ``lora_rank > 0`` the model is a ``peft.PeftModel`` whose only trainable parameters
     are the adapters; ``with model.disable_adapter():`` gives the base model (the reference
-    policy, without a second copy in memory). The model is returned in eval mode.
+    policy, without a second copy in memory). ``attn_implementation``: HF's attention kernel
+    (``eager``, ``sdpa``; ``None`` = the model's default, see
+    :func:`hybridflow.models.attention.choose_attn_implementation`). The model is returned in eval mode.
     """
     folder = resolve_model_path(path)
     tokenizer = load_tokenizer(folder, trust_remote_code=trust_remote_code)
-    model = load_causal_lm(folder, dtype=dtype, trust_remote_code=trust_remote_code)
+    model = load_causal_lm(
+        folder, dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation
+    )
     if gradient_checkpointing:
         enable_gradient_checkpointing(model)
     if lora_rank > 0:
@@ -80,12 +85,18 @@ def load_model_and_tokenizer(
     return model.eval(), tokenizer
 
 
-def load_causal_lm(folder: Path, dtype: str | torch.dtype = "fp32", trust_remote_code: bool = False) -> PreTrainedModel:
+def load_causal_lm(
+    folder: Path,
+    dtype: str | torch.dtype = "fp32",
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+) -> PreTrainedModel:
     """``AutoModelForCausalLM`` from a local folder, with load failures named clearly."""
     torch_dtype = parse_dtype(dtype)
+    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=torch_dtype, local_files_only=True, trust_remote_code=trust_remote_code
+            folder, dtype=torch_dtype, local_files_only=True, trust_remote_code=trust_remote_code, **extra
         )
     except (SafetensorError, OSError, ValueError) as err:
         raise ModelLoadError(f"could not load model weights from {folder}: {err}") from err

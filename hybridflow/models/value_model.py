@@ -63,6 +63,7 @@ def load_value_model(
     target_modules: str | list[str] = "all-linear",
     trust_remote_code: bool = False,
     seed: int = 0,
+    attn_implementation: str | None = None,
 ) -> tuple[ValueHeadModel, PreTrainedTokenizerBase]:
     """``(critic, tokenizer)`` from a causal-LM folder / known name (same options as the policy).
 
@@ -70,9 +71,10 @@ def load_value_model(
     """
     folder = resolve_model_path(path)
     tokenizer = load_tokenizer(folder, trust_remote_code=trust_remote_code)
+    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     try:
         backbone: PreTrainedModel = AutoModel.from_pretrained(
-            folder, dtype=parse_dtype(dtype), local_files_only=True, trust_remote_code=trust_remote_code
+            folder, dtype=parse_dtype(dtype), local_files_only=True, trust_remote_code=trust_remote_code, **extra
         )
     except (SafetensorError, OSError, ValueError) as err:
         raise ModelLoadError(f"could not load model weights from {folder}: {err}") from err

@@ -117,6 +117,7 @@ def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> W
     critic_spec = ClassWithInitArgs(
         CriticWorker, config.critic, rollout_n=arr.rollout.n, total_training_steps=total_steps,
         device=device, seed=trainer.seed, trust_remote_code=arr.model.trust_remote_code,
+        max_tokens=arr.rollout.prompt_length + arr.rollout.response_length,
     )
     colocate_critic = config.critic.enable and trainer.critic_placement == "colocated"
     if colocate_critic:

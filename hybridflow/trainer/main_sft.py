@@ -22,7 +22,7 @@ from hybridflow.config import ConfigError, SFTConfig, load_sft_config
 from hybridflow.config.build import to_dict
 from hybridflow.data import StatefulDataLoader
 from hybridflow.data.sft_dataset import SFTDataset
-from hybridflow.models import ModelLoadError, load_model_and_tokenizer
+from hybridflow.models import ModelLoadError, choose_attn_implementation, load_model_and_tokenizer
 from hybridflow.tracking import Tracking
 from hybridflow.trainer.main_ppo import ensure_builtin_task_files, resolve_device
 from hybridflow.trainer.sft_trainer import HF_FOLDER, SFTTrainer
@@ -65,6 +65,9 @@ def build_sft_trainer(config: SFTConfig) -> SFTTrainer:
         lora_alpha=model_cfg.lora_alpha,
         target_modules=list(target_modules) if isinstance(target_modules, tuple) else target_modules,
         trust_remote_code=model_cfg.trust_remote_code,
+        attn_implementation=choose_attn_implementation(
+            model_cfg.attn_implementation, resolve_device(config.trainer.device), data.max_length
+        ),
     )
     if model_cfg.custom_chat_template is not None:
         tokenizer.chat_template = model_cfg.custom_chat_template

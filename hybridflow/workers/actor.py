@@ -27,7 +27,7 @@ from hybridflow.config import ActorRolloutRefConfig
 from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.engine import TrainEngine
 from hybridflow.engine.forward import response_log_probs
-from hybridflow.models import load_model_and_tokenizer
+from hybridflow.models import load_model_and_tokenizer, policy_attn_implementation
 from hybridflow.models.hf_metadata import HF_CONFIG_DIR, save_hf_metadata
 from hybridflow.protocol import DataProto
 from hybridflow.workers.actor_loss import ADDITIVE_ACTOR_METRICS, ActorLoss
@@ -89,6 +89,7 @@ class ActorWorker(Worker):
             lora_alpha=model_cfg.lora_alpha,
             target_modules=_target_modules(model_cfg.target_modules),
             trust_remote_code=model_cfg.trust_remote_code,
+            attn_implementation=policy_attn_implementation(self.config, self.device),
         )
         if model_cfg.custom_chat_template is not None:
             tokenizer.chat_template = model_cfg.custom_chat_template

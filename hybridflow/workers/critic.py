@@ -21,7 +21,7 @@ from hybridflow.config import CriticConfig
 from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.engine import TrainEngine
 from hybridflow.engine.forward import response_values
-from hybridflow.models import load_value_model
+from hybridflow.models import choose_attn_implementation, load_value_model
 from hybridflow.protocol import DataProto
 from hybridflow.workers.data_parallel import dp_global_batch_info
 from hybridflow.workers.engine_factory import build_engine, needs_process_group
@@ -78,9 +78,11 @@ class CriticWorker(Worker):
         device: str = "cpu",
         seed: int = 0,
         trust_remote_code: bool = False,
+        max_tokens: int | None = None,
     ) -> None:
         super().__init__()
         _check_resolved(config)
+        self.max_tokens = max_tokens  # prompt + response tokens of a row (picks the attention kernel)
         self.config = config
         self.rollout_n = rollout_n
         self.total_training_steps = total_training_steps
@@ -100,6 +102,9 @@ class CriticWorker(Worker):
             gradient_checkpointing=cfg.model.enable_gradient_checkpointing,
             trust_remote_code=self.trust_remote_code,
             seed=self.seed,
+            attn_implementation=choose_attn_implementation(
+                cfg.model.attn_implementation or "auto", self.device, self.max_tokens
+            ),
         )
         if needs_process_group(cfg.strategy, self.world_size):
             self.init_process_group()

@@ -20,7 +20,7 @@ from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.engine.forward import response_log_probs
 from hybridflow.engine.base import TrainEngine
 from hybridflow.engine.inference import infer_micro_batches
-from hybridflow.models import load_model_and_tokenizer
+from hybridflow.models import load_model_and_tokenizer, policy_attn_implementation
 from hybridflow.protocol import DataProto
 from hybridflow.workers.actor import log_prob_temperature
 from hybridflow.workers.engine_factory import autocast_dtype_for
@@ -59,7 +59,10 @@ class ReferenceWorker(Worker):
             self._autocast = autocast_dtype_for(model_cfg.dtype, self.device)
             return
         module, _ = load_model_and_tokenizer(
-            model_cfg.path, dtype=model_cfg.dtype, trust_remote_code=model_cfg.trust_remote_code
+            model_cfg.path,
+            dtype=model_cfg.dtype,
+            trust_remote_code=model_cfg.trust_remote_code,
+            attn_implementation=policy_attn_implementation(self.config, self.device),
         )
         module.requires_grad_(False)
         self._module = module.to(self.device)

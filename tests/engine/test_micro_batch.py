@@ -8,8 +8,13 @@ import torch
 from hybridflow.engine.micro_batch import MicroBatchSpec, plan_micro_batches, restore_order
 
 
-def test_by_count_keeps_batch_order() -> None:
-    assert plan_micro_batches([5, 1, 3, 2, 4], MicroBatchSpec(size=2)) == [[0, 1], [2, 3], [4]]
+def test_by_count_groups_similar_lengths() -> None:
+    # longest first: 5(0) 4(4) 3(2) 2(3) 1(1), then `size` rows at a time
+    assert plan_micro_batches([5, 1, 3, 2, 4], MicroBatchSpec(size=2)) == [[0, 4], [2, 3], [1]]
+
+
+def test_by_count_ties_keep_batch_order() -> None:
+    assert plan_micro_batches([3, 3, 3, 3, 3], MicroBatchSpec(size=2)) == [[0, 1], [2, 3], [4]]
 
 
 def test_by_tokens_groups_similar_lengths() -> None:

@@ -52,9 +52,11 @@ def lora_run(tiny_model_dir, make_rollout_batch, tmp_path_factory):
 
 
 def _logits(model: torch.nn.Module, batch) -> torch.Tensor:
+    """Logits at the real (unmasked) positions; padded positions hold kernel-dependent garbage."""
     with torch.no_grad():
-        return model(input_ids=batch[FK.INPUT_IDS], attention_mask=batch[FK.ATTENTION_MASK],
-                     position_ids=batch[FK.POSITION_IDS]).logits
+        logits = model(input_ids=batch[FK.INPUT_IDS], attention_mask=batch[FK.ATTENTION_MASK],
+                       position_ids=batch[FK.POSITION_IDS]).logits
+    return logits[batch[FK.ATTENTION_MASK].bool()]
 
 
 def _greedy(model: torch.nn.Module, tokenizer) -> torch.Tensor:
@@ -65,8 +67,11 @@ def _greedy(model: torch.nn.Module, tokenizer) -> torch.Tensor:
     return out[0, prompt["input_ids"].shape[1]:]
 
 
-def _reload(folder: Path) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+def _reload(folder: Path, attn_implementation: str | None = None) -> torch.nn.Module:
+    """The exported folder as HF loads it; bit-identical logits need the same attention kernel
+    as the worker's (eager and SDPA differ in the last bits)."""
+    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    return AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, **extra).eval()
 
 
 def test_plain_export_from_the_run_folder_reproduces_logits_and_greedy_tokens(
@@ -75,7 +80,7 @@ def test_plain_export_from_the_run_folder_reproduces_logits_and_greedy_tokens(
     worker, run = plain_run
     out = merge_checkpoint(run, tmp_path / "hf")  # run folder → latest step → actor/
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
-    exported = _reload(out)
+    exported = _reload(out, worker.module.config._attn_implementation)
     batch = make_rollout_batch(seed=5).batch
     assert torch.equal(_logits(exported, batch), _logits(worker.module, batch))
     tokenizer = AutoTokenizer.from_pretrained(out, local_files_only=True)
@@ -107,7 +112,7 @@ def test_lora_merged_export_matches_the_adapted_policy(lora_run, make_rollout_ba
     saved = run / "global_step_1" / "actor" / "hf_config" / "config.json"
     assert json.loads(saved.read_text())["use_cache"] is False
     assert json.loads((out / "config.json").read_text())["use_cache"] is True
-    exported = _reload(out)
+    exported = _reload(out, worker.module.config._attn_implementation)
     batch = make_rollout_batch(seed=6).batch
     torch.testing.assert_close(_logits(exported, batch), _logits(worker.module, batch), rtol=0, atol=1e-5)
     assert torch.equal(_greedy(exported, worker.tokenizer), _greedy(worker.module, worker.tokenizer))
@@ -124,7 +129,8 @@ def test_lora_adapter_export_loads_on_the_base_model(lora_run, make_rollout_batc
     adapter_cfg = json.loads((out / "adapter_config.json").read_text())
     assert (adapter_cfg["r"], adapter_cfg["lora_alpha"]) == (4, 8)
     assert Path(adapter_cfg["base_model_name_or_path"]) == tiny_model_dir
-    model = PeftModel.from_pretrained(_reload(tiny_model_dir), out).eval()
+    kernel = worker.module.base_model.model.config._attn_implementation
+    model = PeftModel.from_pretrained(_reload(tiny_model_dir, kernel), out).eval()
     batch = make_rollout_batch(seed=7).batch
     torch.testing.assert_close(_logits(model, batch), _logits(worker.module, batch), rtol=0, atol=1e-6)
     renamed = merge_checkpoint(run, tmp_path / "adapter2", lora="adapter", base_model_name_or_path="org/base")

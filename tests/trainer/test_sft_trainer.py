@@ -117,7 +117,9 @@ def test_checkpoint_layout_and_loadable_hf_folder(tiny_model_dir, sft_files, tmp
     step = tmp_path / "global_step_2"
     assert sorted(p.name for p in step.iterdir()) == ["actor", "data.pt", "hf"]
     assert {"model.safetensors", "optimizer.pt", "extra_state.pt", "tokenizer", "hf_config"} <= {p.name for p in (step / "actor").iterdir()}
-    model, tokenizer = load_model_and_tokenizer(step / "hf")
+    # the same attention kernel as training (eager and SDPA differ in the last bits)
+    kernel = trainer.engine.module.config._attn_implementation
+    model, tokenizer = load_model_and_tokenizer(step / "hf", attn_implementation=kernel)
     ids = torch.tensor([[1, 445, 202, 43, 76, 2, 202, 1, 438, 202]])
     with torch.no_grad():
         expected = trainer.engine.module.eval()(input_ids=ids).logits

@@ -22,7 +22,7 @@ import torch
 from hybridflow.config import ActorRolloutRefConfig
 from hybridflow.engine.base import TrainEngine
 from hybridflow.controller import Dispatch, Worker, register
-from hybridflow.models import load_model_and_tokenizer
+from hybridflow.models import load_model_and_tokenizer, policy_attn_implementation
 from hybridflow.protocol import DataProto
 from hybridflow.workers.rollout.base import ROLLOUTS, BaseRollout, NamedTensors
 from hybridflow.workers.rollout.weight_sync import iter_weight_buckets
@@ -61,7 +61,10 @@ class RolloutWorker(Worker):
             self._shares_actor = True
         else:
             module, tokenizer = load_model_and_tokenizer(
-                model_cfg.path, dtype=model_cfg.dtype, trust_remote_code=model_cfg.trust_remote_code
+                model_cfg.path,
+                dtype=model_cfg.dtype,
+                trust_remote_code=model_cfg.trust_remote_code,
+                attn_implementation=policy_attn_implementation(self.config, self.device),
             )
             module.requires_grad_(False)
             module = module.to(self.device)
