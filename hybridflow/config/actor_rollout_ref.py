@@ -192,6 +192,9 @@ class RolloutConfig:
     update_weights_bucket_megabytes: int = setting(
         512, "bucket size when weights are pushed to a rollout that does not share the actor's module", ge=1
     )
+    free_cache_engine: bool = setting(
+        True, "free the sampler's KV cache and packed weight copies after each generation, so training phases do not hold them"
+    )
     val_kwargs: ValKwargsConfig = section(ValKwargsConfig, "sampling used for validation")
     multi_turn: MultiTurnConfig = section(MultiTurnConfig, "multi-turn / tool-use rollouts")
 

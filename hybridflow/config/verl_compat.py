@@ -66,7 +66,6 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey(f"{_ARR}.rollout.pipeline_model_parallel_size", "inference pipeline parallelism"),
     IgnoredKey(f"{_ARR}.rollout.enforce_eager", "vLLM CUDA-graph switch"),
     IgnoredKey(f"{_ARR}.rollout.cudagraph_capture_sizes", "vLLM CUDA-graph sizes"),
-    IgnoredKey(f"{_ARR}.rollout.free_cache_engine", "vLLM KV-cache release between steps"),
     IgnoredKey(f"{_ARR}.rollout.load_format", "vLLM weight-loading format"),
     IgnoredKey(f"{_ARR}.rollout.layered_summon", "FSDP→vLLM layer-wise weight gathering"),
     IgnoredKey(f"{_ARR}.rollout.max_num_batched_tokens", "vLLM scheduler budget"),

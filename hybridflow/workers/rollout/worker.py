@@ -90,6 +90,10 @@ class RolloutWorker(Worker):
         """Responses for this rank's prompts (fields: see :mod:`hybridflow.workers.rollout.base`)."""
         self._pull_weights_if_stale()
         out = self.rollout.generate_sequences(prompts.to(self.device))
+        if self.config.rollout.free_cache_engine:
+            # The packed weights go stale at the next update anyway; holding them (a full copy
+            # of the model) through the training phases would only raise peak memory.
+            self.rollout.release()
         return out.to("cpu")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
