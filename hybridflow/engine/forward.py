@@ -23,6 +23,7 @@ from tensordict import TensorDict
 
 from hybridflow import fields as FK
 from hybridflow.algorithms.utils import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
+from hybridflow.engine.fused_log_probs import token_log_probs
 
 
 @dataclass(frozen=True)
@@ -96,13 +97,21 @@ def response_log_probs(
     window = response_window(micro[FK.ATTENTION_MASK], responses.shape[1])
     inputs = _windowed_inputs(micro, window)
     width = window.hi - window.lo
-    # Positions as an index tensor, not a count: HF then gathers them into a contiguous
-    # tensor, where a count gives a strided view that makes the 49k-row LM head ~10× slower
-    # on CPU in bf16 (SmolLM2, 8 × 50 positions: 360 ms vs 38 ms).
-    keep = torch.arange(width - window.n_response - 1, width, device=inputs["input_ids"].device)
-    out = module(**inputs, use_cache=False, logits_to_keep=keep)
-    logits = out.logits[:, :-1, :].float()  # positions P−1 … hi−2
+    # Positions P−1 … hi−2 (those that predict a response token) as an index tensor, not a
+    # count: HF then gathers them into a contiguous tensor, where a count gives a strided view
+    # that makes the 49k-row LM head ~10× slower on CPU in bf16 (8 × 50 positions: 360 vs 38 ms).
+    keep = torch.arange(width - window.n_response - 1, width - 1, device=inputs["input_ids"].device)
+    logits = module(**inputs, use_cache=False, logits_to_keep=keep).logits
     labels = responses[:, : window.n_response]
+    entropy_needs_grad = calculate_entropy and entropy_requires_grad and torch.is_grad_enabled()
+    if not (entropy_needs_grad or calculate_sum_pi_squared):
+        # The common case: one fused pass per chunk of rows (see fused_log_probs).
+        log_probs, entropy = token_log_probs(logits, labels, temperature, with_entropy=calculate_entropy)
+        result = {"log_probs": _finish(log_probs, micro, window)}
+        if entropy is not None:
+            result["entropy"] = _finish(entropy, micro, window)
+        return result
+    logits = logits.float()
     result = {"log_probs": _finish(logprobs_from_logits(logits, labels, temperature), micro, window)}
     if calculate_entropy:
         # Entropy only as a metric (entropy_coeff = 0) needs no autograd graph over the logits.

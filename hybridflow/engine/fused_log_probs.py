@@ -1,0 +1,86 @@
+"""Token log-probs (and the entropy metric) over a large vocabulary in one pass per chunk.
+
+For SmolLM2's 49k-token vocabulary the log-softmax is the largest element-wise work of an
+update: written with stock ops, the forward makes a float32 copy of all logits, a softmax
+and a product for the entropy, and the backward adds a zero-filled scatter (gather's
+gradient) to the log-sum-exp gradient — each a full pass over (rows × V) floats. Here each
+chunk of rows is upcast once, and the backward writes
+
+    ∂ℓ_i/∂z_v = (1[v = y_i] − softmax(z_i / τ)_v) · g_i / τ
+
+straight into a gradient in the logits' own dtype. Values are the stock formulas':
+
+    ℓ_i = z_i[y_i]/τ − logsumexp(z_i / τ),   H_i = logsumexp(z_i/τ) − Σ_v softmax(z_i/τ)_v · z_i[v]/τ
+
+computed with the same float32 operations as
+:func:`hybridflow.algorithms.utils.logprobs_from_logits`, so the log-probs are bit-identical
+to it (and to the sampler's). The entropy here is a metric: it carries no gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+CHUNK_ROWS = 256  # 256 × 49k float32 = 50 MB of scratch per chunk
+
+
+class _TokenLogProbs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool):  # type: ignore[override]
+        rows = logits.shape[0]
+        log_probs = torch.empty(rows, dtype=torch.float32, device=logits.device)
+        lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
+        entropy = torch.empty(rows if with_entropy else 0, dtype=torch.float32, device=logits.device)
+        for start in range(0, rows, CHUNK_ROWS):
+            end = min(start + CHUNK_ROWS, rows)
+            z = _scaled_chunk(logits, start, end, temperature)
+            chunk_lse = torch.logsumexp(z, dim=-1)
+            log_probs[start:end] = z.gather(-1, labels[start:end, None])[:, 0] - chunk_lse
+            lse[start:end] = chunk_lse
+            if with_entropy:
+                probs = torch.exp(z - chunk_lse[:, None])
+                entropy[start:end] = chunk_lse - (probs * z).sum(dim=-1)
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.temperature = temperature
+        ctx.mark_non_differentiable(entropy)
+        return log_probs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_log_probs: torch.Tensor, _grad_entropy: torch.Tensor):  # type: ignore[override]
+        logits, labels, lse = ctx.saved_tensors
+        temperature = ctx.temperature
+        grad = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], CHUNK_ROWS):
+            end = min(start + CHUNK_ROWS, logits.shape[0])
+            g = grad_log_probs[start:end, None].float()
+            z = logits[start:end].to(torch.float32, copy=True)  # a copy: modified in place below
+            if temperature != 1.0:
+                z = z / temperature
+            chunk = z.sub_(lse[start:end, None]).exp_().mul_(-g)  # −softmax · g
+            chunk.scatter_add_(-1, labels[start:end, None], g)  # + 1[v = y] · g
+            if temperature != 1.0:
+                chunk.div_(temperature)
+            grad[start:end] = chunk
+        return grad, None, None, None
+
+
+def _scaled_chunk(logits: torch.Tensor, start: int, end: int, temperature: float) -> torch.Tensor:
+    z = logits[start:end].float()
+    # The same division as logprobs_from_logits (z / τ on float32), for identical rounding.
+    return z if temperature == 1.0 else z / temperature
+
+
+def token_log_probs(
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(log π(y), H or None)``, float32, of shape ``labels.shape``, for logits (..., V) in any
+    float dtype and labels (...). Differentiable in the log-probs only."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} disagree on the leading dims")
+    flat = logits.reshape(-1, logits.shape[-1])
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    log_probs, entropy = _TokenLogProbs.apply(flat, labels.reshape(-1), float(temperature), with_entropy)
+    return log_probs.reshape(labels.shape), (entropy.reshape(labels.shape) if with_entropy else None)
