@@ -10,7 +10,6 @@ overrides (:func:`hybridflow_overrides`); the loop calls :meth:`PPOTrainer.step`
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -20,7 +19,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from common import BenchSettings, LearningClock, peak_rss_self_mb, write_json  # noqa: E402
+from common import BenchSettings, LearningClock, peak_rss_self_mb, side_main  # noqa: E402
 
 SCORE_KEY = "critic/score/mean"
 VAL_KEY = "val-core/mean"
@@ -187,12 +186,7 @@ def learn(trainer: Any, batches: Any, settings: BenchSettings) -> tuple[list[dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--settings", required=True, help="BenchSettings JSON")
-    parser.add_argument("--out", required=True, help="result JSON to write")
-    args = parser.parse_args(argv)
-    write_json(args.out, run(BenchSettings.load(args.settings)))
-    return 0
+    return side_main(run, __doc__, argv)
 
 
 if __name__ == "__main__":

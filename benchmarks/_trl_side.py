@@ -11,7 +11,6 @@ actually computed rather than what it is expected to compute.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -26,7 +25,7 @@ import torch  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
-from common import BenchSettings, LearningClock, peak_rss_self_mb, write_json  # noqa: E402
+from common import BenchSettings, LearningClock, peak_rss_self_mb, side_main  # noqa: E402
 from hybridflow import fields as F  # noqa: E402
 from hybridflow.data.io import read_rows  # noqa: E402
 from hybridflow.data.schema import PROMPT_KEY  # noqa: E402
@@ -269,12 +268,7 @@ def run(settings: BenchSettings) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--settings", required=True, help="BenchSettings JSON")
-    parser.add_argument("--out", required=True, help="result JSON to write")
-    args = parser.parse_args(argv)
-    write_json(args.out, run(BenchSettings.load(args.settings)))
-    return 0
+    return side_main(run, __doc__, argv)
 
 
 if __name__ == "__main__":

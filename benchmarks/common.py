@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -394,3 +395,15 @@ class LearningClock:
 
     def done(self) -> bool:
         return self.train_s >= self.budget_s
+
+
+def side_main(run: Callable[["BenchSettings"], dict[str, Any]], doc: str | None, argv: list[str] | None = None) -> int:
+    """Command line of a side process: ``--settings`` (BenchSettings JSON) in, ``--out`` (result JSON) out."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--settings", required=True, help="BenchSettings JSON")
+    parser.add_argument("--out", required=True, help="result JSON to write")
+    args = parser.parse_args(argv)
+    write_json(args.out, run(BenchSettings.load(args.settings)))
+    return 0

@@ -19,6 +19,19 @@ TINY_EOS_ID = 2  # <|im_end|> in the tiny tokenizer
 TINY_PAD_ID = 3
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """One intra-op thread for a test module (``pytestmark = pytest.mark.usefixtures(...)``):
+    on a shared, busy 2-core machine a parallel op waits for its descheduled second thread
+    (~15 ms per op); the results are the same either way."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An HF folder (config + safetensors + tokenizer) of a 2-layer, hidden-128 tiny llama."""

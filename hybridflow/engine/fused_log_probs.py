@@ -53,9 +53,7 @@ class _TokenLogProbs(torch.autograd.Function):
         for start in range(0, logits.shape[0], CHUNK_ROWS):
             end = min(start + CHUNK_ROWS, logits.shape[0])
             g = grad_log_probs[start:end, None].float()
-            z = logits[start:end].to(torch.float32, copy=True)  # a copy: modified in place below
-            if temperature != 1.0:
-                z = z / temperature
+            z = _scaled_chunk(logits, start, end, temperature, copy=True)  # modified in place below
             chunk = z.sub_(lse[start:end, None]).exp_().mul_(-g)  # −softmax · g
             chunk.scatter_add_(-1, labels[start:end, None], g)  # + 1[v = y] · g
             if temperature != 1.0:
@@ -64,8 +62,9 @@ class _TokenLogProbs(torch.autograd.Function):
         return grad, None, None, None
 
 
-def _scaled_chunk(logits: torch.Tensor, start: int, end: int, temperature: float) -> torch.Tensor:
-    z = logits[start:end].float()
+def _scaled_chunk(logits: torch.Tensor, start: int, end: int, temperature: float, copy: bool = False) -> torch.Tensor:
+    """Rows ``start:end`` as float32 divided by τ (a new tensor when ``copy``, else maybe a view)."""
+    z = logits[start:end].to(torch.float32, copy=copy and temperature == 1.0)
     # The same division as logprobs_from_logits (z / τ on float32), for identical rounding.
     return z if temperature == 1.0 else z / temperature
 

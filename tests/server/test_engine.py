@@ -15,14 +15,7 @@ from hybridflow.workers.rollout.torch_rollout import build_decoder
 TIMEOUT_S = 60
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """One intra-op thread: on a shared, busy 2-core machine a parallel op waits for its
-    descheduled second thread (~15 ms per op); the results are the same either way."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture

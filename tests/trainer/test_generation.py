@@ -24,14 +24,7 @@ from hybridflow.trainer.main_generation import (
 from hybridflow.workers.rollout.base import BaseRollout
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """One intra-op thread: on a shared, busy 2-core machine a parallel op waits for its
-    descheduled second thread (~15 ms per op); the results are the same either way."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class EchoRollout(BaseRollout):

@@ -7,7 +7,6 @@ uninterrupted one" holds only because batch b is always sampled with seed + b.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from hybridflow import fields as F
 from hybridflow.data import read_rows, write_rows
@@ -20,14 +19,7 @@ from hybridflow.workers.rollout.base import BaseRollout
 TEXTS = ["What is 7 + 5?", "Hi", "Compute 123 * 4", "The quick brown fox", "abc"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """One intra-op thread: on a shared, busy 2-core machine a parallel op waits for its
-    descheduled second thread (~15 ms per op); the results are the same either way."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class Crash(RuntimeError):
