@@ -6,16 +6,18 @@ come from positions ``P − 1 … P + T − 2``.
 
 Padding costs compute, so each micro-batch is first cut to the columns that hold a real
 token in some row (left padding common to all prompts, right padding beyond the longest
-response). Real tokens never attend to padding, so this changes no output; positions come
-from ``position_ids`` and are unaffected. Outputs are zero wherever the attention mask is 0
-and are padded back to width T, so they do not depend on how rows were grouped.
-Only the response positions go through the LM head (``logits_to_keep``), which matters for
-a 49k-token vocabulary.
+response), less the last one, which predicts nothing. Real tokens never attend to padding,
+so this changes no output; positions come from ``position_ids`` and are unaffected. Outputs
+are zero wherever the attention mask is 0 and are padded back to width T, so they do not
+depend on how rows were grouped. Only the response positions go through the LM head
+(``logits_to_keep``), which matters for a 49k-token vocabulary. Rows that repeat a prompt
+(n samples per prompt) run it once per batch (:mod:`hybridflow.engine.shared_prompt`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +26,12 @@ from tensordict import TensorDict
 from hybridflow import fields as FK
 from hybridflow.algorithms.utils import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
 from hybridflow.engine.fused_log_probs import token_log_probs
+
+
+class PromptKeysValues(Protocol):
+    """A micro-batch's view of the batch's prompt cache (``shared_prompt.PromptRows``)."""
+
+    def dynamic_cache(self, start: int) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -59,9 +67,10 @@ def response_window(attention_mask: torch.Tensor, response_len: int) -> Window:
 
 
 def _windowed_inputs(micro: TensorDict, window: Window) -> dict[str, torch.Tensor]:
+    """Columns ``lo … hi − 2`` of the model inputs: the last real token predicts nothing we use."""
     attention_mask = micro[FK.ATTENTION_MASK]
     position_ids = micro[FK.POSITION_IDS] if FK.POSITION_IDS in micro.keys() else compute_position_ids(attention_mask)
-    cols = slice(window.lo, window.hi)
+    cols = slice(window.lo, window.hi - 1)
     return {
         "input_ids": micro[FK.INPUT_IDS][:, cols],
         "attention_mask": attention_mask[:, cols],
@@ -76,6 +85,27 @@ def _finish(x: torch.Tensor, micro: TensorDict, window: Window) -> torch.Tensor:
     return F.pad(x * valid, (0, window.response_len - x.shape[1]))
 
 
+def _response_logits(
+    module: torch.nn.Module, inputs: dict[str, torch.Tensor], window: Window, prompt_cache: PromptKeysValues | None
+) -> torch.Tensor:
+    """Logits (b, hi − P, V) at positions P − 1 … hi − 2, those that predict a response token."""
+    split = window.prompt_len - 1 - window.lo  # prompt columns before the last prompt token
+    if prompt_cache is not None and split > 0:
+        # Columns lo … P−2 were run once per distinct prompt; run the rest against them.
+        return module(
+            input_ids=inputs["input_ids"][:, split:],
+            attention_mask=inputs["attention_mask"],
+            position_ids=inputs["position_ids"][:, split:],
+            cache=prompt_cache.dynamic_cache(window.lo),
+            use_cache=True,
+        ).logits
+    # The kept positions as an index tensor, not a count: HF then gathers them into a
+    # contiguous tensor, where a count gives a strided view that makes the 49k-row LM head
+    # ~10× slower on CPU in bf16 (8 × 50 positions: 360 vs 38 ms).
+    keep = torch.arange(split, split + window.n_response, device=inputs["input_ids"].device)
+    return module(**inputs, use_cache=False, logits_to_keep=keep).logits
+
+
 def response_log_probs(
     module: torch.nn.Module,
     micro: TensorDict,
@@ -84,6 +114,7 @@ def response_log_probs(
     chunked_entropy: bool = False,
     calculate_sum_pi_squared: bool = False,
     entropy_requires_grad: bool = True,
+    prompt_cache: PromptKeysValues | None = None,
 ) -> dict[str, torch.Tensor]:
     """``{"log_probs": (b, T)[, "entropy": (b, T)][, "sum_pi_squared": (b, T)]}`` of the
     response tokens under ``module``.
@@ -91,17 +122,13 @@ def response_log_probs(
     log π(y_t) = log softmax(z_t / τ)[y_t] with τ = ``temperature`` (the sampling
     temperature), computed in float32; entropy of softmax(z_t / τ) (``chunked_entropy``:
     a few rows at a time, to save memory; ``entropy_requires_grad=False``: computed without a
-    gradient, for the metric only). Exactly 0 where the attention mask is 0.
+    gradient, for the metric only). Exactly 0 where the attention mask is 0. ``prompt_cache``:
+    the keys and values of these rows' prompts, already computed for the whole batch
+    (:mod:`hybridflow.engine.shared_prompt`; the engine passes it).
     """
     responses = micro[FK.RESPONSES]
     window = response_window(micro[FK.ATTENTION_MASK], responses.shape[1])
-    inputs = _windowed_inputs(micro, window)
-    width = window.hi - window.lo
-    # Positions P−1 … hi−2 (those that predict a response token) as an index tensor, not a
-    # count: HF then gathers them into a contiguous tensor, where a count gives a strided view
-    # that makes the 49k-row LM head ~10× slower on CPU in bf16 (8 × 50 positions: 360 vs 38 ms).
-    keep = torch.arange(width - window.n_response - 1, width - 1, device=inputs["input_ids"].device)
-    logits = module(**inputs, use_cache=False, logits_to_keep=keep).logits
+    logits = _response_logits(module, _windowed_inputs(micro, window), window, prompt_cache)
     labels = responses[:, : window.n_response]
     entropy_needs_grad = calculate_entropy and entropy_requires_grad and torch.is_grad_enabled()
     if not (entropy_needs_grad or calculate_sum_pi_squared):
@@ -131,7 +158,7 @@ def response_values(module: torch.nn.Module, micro: TensorDict) -> dict[str, tor
     """``{"values": (b, T)}``: the critic's V at the positions that predict each response token."""
     responses = micro[FK.RESPONSES]
     window = response_window(micro[FK.ATTENTION_MASK], responses.shape[1])
-    values = module(**_windowed_inputs(micro, window))  # (b, hi − lo)
+    values = module(**_windowed_inputs(micro, window))  # (b, hi − 1 − lo)
     start = window.prompt_len - 1 - window.lo
     values = values[:, start : start + window.n_response]
     return {"values": _finish(values.float(), micro, window)}

@@ -14,7 +14,10 @@ What the engine adds to :class:`~hybridflow.engine.torch_engine.TorchEngine` (wh
 lr schedule and micro-batch loops it reuses):
 
 * every rank runs the same number of micro-batches (forward passes are collectives): the
-  local plan is split until it has the largest count of any rank (``split_plan_to``);
+  local plan is split until it has the largest count of any rank (``split_plan_to``). For
+  the same reason prompts repeated across rows are not run once per batch here
+  (:mod:`hybridflow.engine.shared_prompt`): whether a rank has repeats, and so an extra
+  forward pass, is its own data's business;
 * mixed precision: with ``autocast_dtype`` (bf16) the blocks all-gather and compute in that
   dtype (``MixedPrecisionPolicy(param_dtype)``), gradients are reduced in fp32, the fp32
   master weights stay sharded, and the root's own layers run under autocast;
@@ -151,13 +154,17 @@ class FSDPEngine(TorchEngine):
         self, batch: TensorDict, forward_fn: ForwardFn, micro_batch: MicroBatchSpec | None = None
     ) -> dict[str, torch.Tensor]:
         plan = self._same_count_plan(batch, micro_batch if micro_batch is not None else self._train_spec)
-        return infer_plan(self._module, batch, forward_fn, plan, self._device, self._autocast_dtype)
+        return infer_plan(
+            self._module, batch, forward_fn, plan, self._device, self._autocast_dtype, share_prompts=False
+        )
 
     def forward_backward(
         self, batch: TensorDict, forward_fn: ForwardFn, loss_fn: LossFn, micro_batch: MicroBatchSpec | None = None
     ) -> list[dict[str, torch.Tensor]]:
         plan = self._same_count_plan(batch, micro_batch if micro_batch is not None else self._train_spec)
-        return train_micro_batches(self._module, batch, forward_fn, loss_fn, plan, self._device, self._autocast_dtype)
+        return train_micro_batches(
+            self._module, batch, forward_fn, loss_fn, plan, self._device, self._autocast_dtype, share_prompts=False
+        )
 
     def _clip_grad_norm(self) -> torch.Tensor:
         # The norm of sharded gradients is a DTensor: its full value is the global norm.

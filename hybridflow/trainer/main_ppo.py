@@ -78,7 +78,8 @@ def _samples(max_samples: int) -> int | None:
 
 
 def build_reward_fns(config: PPOConfig, tokenizer):
-    """The training and validation reward managers (same scorer; validation prints no examples)."""
+    """The training and validation reward managers: one object, as both use the same scorer and
+    settings, so the run keeps one set of scoring processes (see ``ScorerPool``)."""
     custom = config.custom_reward_function
     compute_score = (
         load_custom_reward_function(custom.path, custom.name, dict(custom.reward_kwargs)) if custom.path else None
@@ -93,9 +94,8 @@ def build_reward_fns(config: PPOConfig, tokenizer):
             overlong_penalty_factor=rm.overlong_buffer.penalty_factor,
         )
     kwargs = dict(compute_score=compute_score, reward_fn_key=config.data.reward_fn_key, timeout_s=rm.timeout_s, **extra)
-    return build_reward_manager(rm.reward_manager, tokenizer, **kwargs), build_reward_manager(
-        rm.reward_manager, tokenizer, **kwargs
-    )
+    manager = build_reward_manager(rm.reward_manager, tokenizer, **kwargs)
+    return manager, manager
 
 
 def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> WorkerGroups:

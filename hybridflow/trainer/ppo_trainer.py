@@ -398,10 +398,14 @@ class PPOTrainer:
         return paths.root
 
     def close(self) -> None:
-        """Flush the loggers and stop the worker processes (Ray actors) of this run."""
+        """Flush the loggers and stop the worker processes (Ray actors, reward scorers) of this run."""
         self.tracking.finish()
         for group in self.workers.owners:
             group.shutdown()
+        for reward_fn in {id(fn): fn for fn in (self.reward_fn, self.val_reward_fn)}.values():
+            close = getattr(reward_fn, "close", None)  # a plain function stands for a manager in tests
+            if callable(close):
+                close()
 
     def load_checkpoint(self) -> None:
         trainer_cfg = self.config.trainer

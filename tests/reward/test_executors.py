@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from hybridflow.workers.reward.executors import EXECUTORS, run_calls
+from hybridflow.workers.reward.executors import EXECUTORS, ScorerPool, run_calls
 
 
 def scorer(x):
@@ -64,3 +64,57 @@ def test_bad_arguments():
         run_calls(scorer, [{"x": "a"}], executor="gpu")
     with pytest.raises(ValueError, match="timeout_s must be positive"):
         run_calls(scorer, [{"x": "a"}], timeout_s=0)
+
+
+def pid_of(x):
+    """The scoring process's pid, or a fault as in ``scorer``."""
+    if x in ("hang", "die"):
+        scorer(x)
+    return os.getpid()
+
+
+def test_pool_keeps_its_processes_across_batches():
+    pool = ScorerPool(pid_of, num_workers=2)
+    try:
+        first = {r.value for r in pool.run([{"x": "a"}] * 6, timeout_s=5.0)}
+        second = {r.value for r in pool.run([{"x": "b"}] * 6, timeout_s=5.0)}
+        assert len(first) == 2 and first == second  # the same two processes served both batches
+        assert os.getpid() not in first
+    finally:
+        pool.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.run([{"x": "a"}], timeout_s=None)
+
+
+def test_pool_replaces_a_hung_or_dead_process_for_the_batch_only():
+    pool = ScorerPool(pid_of, num_workers=2)
+    try:
+        kept = {r.value for r in pool.run([{"x": "a"}] * 4, timeout_s=5.0)}
+        results = pool.run([{"x": "hang"}, {"x": "die"}, {"x": "a"}, {"x": "a"}, {"x": "a"}], timeout_s=0.5)
+        assert [r.status for r in results] == ["timeout", "error", "ok", "ok", "ok"]
+        assert "exit code 7" in results[1].message
+        assert pool.num_alive == 0  # both kept processes were lost; their stand-ins were stopped
+        assert not {r.value for r in results[2:]} & kept
+        # Later batches still run, on forks made for them.
+        assert [r.status for r in pool.run([{"x": "a"}] * 3, timeout_s=5.0)] == ["ok"] * 3
+    finally:
+        pool.close()
+
+
+def test_pool_processes_stop_on_close():
+    pool = ScorerPool(pid_of, num_workers=1)
+    (pid,) = {r.value for r in pool.run([{"x": "a"}], timeout_s=5.0)}
+    pool.close()
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie still answers kill(0)
+        return f.read().split()[2] != "Z"

@@ -25,7 +25,7 @@ import torch
 
 from hybridflow import fields as F
 from hybridflow.utils.registry import Registry
-from hybridflow.workers.reward.executors import OK, run_calls
+from hybridflow.workers.reward.executors import OK, ScorerPool, run_calls
 from hybridflow.workers.reward.outcomes import ScoreOutcome, collect_extra_info, to_outcome
 from hybridflow.workers.reward.scores import SCORERS, default_compute_score
 
@@ -146,6 +146,21 @@ class RewardManager:
         self.executor = executor
         self.num_workers = num_workers
         self._faults_logged: set[str] = set()
+        # Scoring processes forked now, while the trainer is small (before the models load),
+        # and kept: see ScorerPool.
+        self._pool = ScorerPool(self.compute_score, num_workers) if executor == "process" else None
+
+    def close(self) -> None:
+        """Stop the scoring processes (also done when the manager is garbage-collected)."""
+        if self._pool is not None:
+            self._pool.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pool": None}  # processes do not travel; a copy forks its own
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pool = ScorerPool(self.compute_score, self.num_workers) if self.executor == "process" else None
 
     def __call__(self, data: Any) -> tuple[torch.Tensor, dict[str, list[Any]]]:
         items = decode_items(data, self.tokenizer, self.reward_fn_key)
@@ -167,9 +182,12 @@ class RewardManager:
              "ground_truth": it.ground_truth, "extra_info": it.extra_info}
             for it in items
         ]
-        results = run_calls(
-            self.compute_score, calls, executor=self.executor, timeout_s=self.timeout_s, num_workers=self.num_workers
-        )
+        if self._pool is not None:
+            results = self._pool.run(calls, self.timeout_s) if calls else []
+        else:
+            results = run_calls(
+                self.compute_score, calls, executor=self.executor, timeout_s=self.timeout_s, num_workers=self.num_workers
+            )
         return [to_outcome(result) for result in results]
 
     def adjust(self, items: list[ScoreItem], outcomes: list[ScoreOutcome]) -> tuple[list[float], dict[str, list[Any]]]:

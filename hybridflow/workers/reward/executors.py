@@ -4,8 +4,9 @@ Three executors, behind the ``EXECUTORS`` registry:
 
 * ``process`` (default) — forked worker processes (``num_workers`` of them) take calls one at
   a time; a call running past ``timeout_s`` gets its process killed and a fresh one started.
-  A hang is truly stopped and a crash (segfault, ``os._exit``) is contained. Costs a fork per
-  batch (milliseconds) and needs picklable arguments and results. Where ``fork`` is not
+  A hang is truly stopped and a crash (segfault, ``os._exit``) is contained. Needs picklable
+  arguments and results. :func:`run_processes` forks per batch; a :class:`ScorerPool` keeps
+  its processes across batches (what the reward managers use). Where ``fork`` is not
   available (macOS, Windows) ``spawn`` is used, which also needs an importable scoring function.
 * ``thread`` — each call in a daemon thread; a call past ``timeout_s`` is abandoned but keeps
   running in the background (Python cannot kill a thread), so a scorer stuck in a busy loop
@@ -20,6 +21,7 @@ import multiprocessing as mp
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -108,7 +110,7 @@ def _process_worker(fn: Callable[..., Any], conn: Connection, parent_pid: int) -
             conn.send((index, CallResult(ERROR, message=f"result could not be sent back: {_describe(exc)}")))
 
 
-@dataclass
+@dataclass(eq=False)  # slots are compared by identity
 class _Slot:
     process: Any
     conn: Connection
@@ -144,27 +146,85 @@ def _stop_slot(slot: _Slot, kill: bool) -> None:
 
 @EXECUTORS.register("process")
 def run_processes(fn: Callable[..., Any], calls: list[dict[str, Any]], timeout_s: float | None, num_workers: int) -> list[CallResult]:
-    """Calls spread over ``num_workers`` worker processes; see the module docstring."""
-    results: list[CallResult | None] = [None] * len(calls)
-    pending = deque(range(len(calls)))
+    """Calls spread over ``num_workers`` worker processes forked for them; see the module docstring."""
     slots: list[_Slot] = []
     try:
-        while pending or any(s.index is not None for s in slots):
-            _assign(fn, calls, pending, slots, num_workers, results)
-            busy = [s for s in slots if s.index is not None]
-            if not busy:
-                continue
-            ready = wait([s.conn for s in busy], timeout=_time_left(busy, timeout_s))
-            for slot in busy:
-                if slot.conn in ready:
-                    _collect(slot, slots, results)
-                elif timeout_s is not None and time.monotonic() - slot.started >= timeout_s:
-                    results[slot.index] = CallResult(TIMEOUT, message=f"no result within timeout_s={timeout_s}")
-                    slots.remove(slot)
-                    _stop_slot(slot, kill=True)
+        return _run_on_slots(fn, calls, timeout_s, num_workers, slots)
     finally:
         for slot in slots:
             _stop_slot(slot, kill=slot.index is not None)
+
+
+class ScorerPool:
+    """``num_workers`` scoring processes kept from one batch to the next.
+
+    Forking copies the parent's page tables: a trainer holding SmolLM2's models (5–6 GB) takes
+    ~0.1 s to fork and ~0.1 s more to reap the child — on every batch, with :func:`run_processes`.
+    The pool forks when it is made, so made before the models load (``main_ppo`` builds the
+    reward managers first) its processes are small and forked once. A process that hangs past
+    ``timeout_s`` is killed, and one that dies is dropped; a fresh fork stands in for the rest
+    of that batch and is then stopped, because a fork of the loaded trainer, kept, would end up
+    holding a private copy of every page the trainer rewrites afterwards (copy-on-write).
+    """
+
+    def __init__(self, fn: Callable[..., Any], num_workers: int = 1) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+        self.fn = fn
+        self.num_workers = num_workers
+        self._slots = [_start_slot(fn) for _ in range(num_workers)]
+        self._closer = weakref.finalize(self, _stop_all, self._slots)
+
+    @property
+    def num_alive(self) -> int:
+        """Pool processes still kept (the rest were lost to timeouts or crashes)."""
+        return len(self._slots)
+
+    def run(self, calls: list[dict[str, Any]], timeout_s: float | None) -> list[CallResult]:
+        """``fn(**kwargs)`` for every call, as :func:`run_processes` does, on the kept processes."""
+        if not self._closer.alive:
+            raise RuntimeError("the scorer pool is closed")
+        slots = list(self._slots)
+        try:
+            return _run_on_slots(self.fn, calls, timeout_s, self.num_workers, slots)
+        finally:
+            kept = [s for s in slots if s in self._slots and s.index is None]
+            for slot in slots:
+                if slot not in kept:
+                    _stop_slot(slot, kill=slot.index is not None)
+            self._slots[:] = kept
+
+    def close(self) -> None:
+        """Stop the pool's processes (also done when the pool is garbage-collected)."""
+        self._closer()
+
+
+def _stop_all(slots: list[_Slot]) -> None:
+    for slot in slots:
+        _stop_slot(slot, kill=False)
+    slots.clear()
+
+
+def _run_on_slots(
+    fn: Callable[..., Any], calls: list[dict[str, Any]], timeout_s: float | None, num_workers: int, slots: list[_Slot]
+) -> list[CallResult]:
+    """Run ``calls`` on idle ``slots``, forking new ones up to ``num_workers``; ``slots`` is
+    updated in place (killed and dead processes removed, new ones added)."""
+    results: list[CallResult | None] = [None] * len(calls)
+    pending = deque(range(len(calls)))
+    while pending or any(s.index is not None for s in slots):
+        _assign(fn, calls, pending, slots, num_workers, results)
+        busy = [s for s in slots if s.index is not None]
+        if not busy:
+            continue
+        ready = wait([s.conn for s in busy], timeout=_time_left(busy, timeout_s))
+        for slot in busy:
+            if slot.conn in ready:
+                _collect(slot, slots, results)
+            elif timeout_s is not None and time.monotonic() - slot.started >= timeout_s:
+                results[slot.index] = CallResult(TIMEOUT, message=f"no result within timeout_s={timeout_s}")
+                slots.remove(slot)
+                _stop_slot(slot, kill=True)
     return [r if r is not None else CallResult(ERROR, message="no result") for r in results]
 
 

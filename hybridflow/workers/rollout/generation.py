@@ -18,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from hybridflow.engine.shared_prompt import distinct_prompts
 from hybridflow.workers.rollout.sampling import SamplingParams, sample_next
 
 _COMPACT_FRACTION = 4  # compact once dead rows ≥ cache rows / _COMPACT_FRACTION
@@ -67,24 +68,6 @@ def _check_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, positi
         raise ValueError("prompts must be left-padded: the last column of attention_mask must be all 1")
 
 
-def _dedup(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(first row of each distinct prompt in order of appearance, index of each row's prompt)."""
-    key = torch.cat([input_ids * attention_mask, attention_mask, position_ids * attention_mask], dim=1)
-    rows = torch.arange(key.shape[0], device=key.device)
-    _, inverse = torch.unique(key, dim=0, return_inverse=True)
-    distinct = int(inverse.max()) + 1
-    if distinct == key.shape[0]:
-        return rows, rows
-    first = torch.full((distinct,), key.shape[0], dtype=torch.long, device=key.device)
-    first.scatter_reduce_(0, inverse, rows, reduce="amin")
-    order = torch.argsort(first)
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(distinct, device=key.device)
-    return first[order], rank[inverse]
-
-
 @torch.inference_mode()
 def generate(
     decoder: Decoder,
@@ -98,7 +81,7 @@ def generate(
     """Sample ``params.n`` responses for each left-padded prompt row."""
     _check_prompts(input_ids, attention_mask, position_ids)
     steps = params.max_new_tokens
-    unique, which = _dedup(input_ids, attention_mask, position_ids)
+    unique, which = distinct_prompts(input_ids, attention_mask, position_ids)
     # The last sampled token is never fed back, so P + T − 1 cache columns suffice.
     logits = decoder.prefill(
         input_ids[unique], attention_mask[unique], position_ids[unique], input_ids.shape[1] + steps - 1

@@ -1,0 +1,171 @@
+"""Rows that repeat a prompt: run each distinct prompt through the model once per batch.
+
+GRPO, RLOO, DAPO... sample n responses per prompt, so a batch holds every prompt n times. In
+a forward pass over ``[prompt | response]`` rows, the keys and values of the prompt's tokens
+depend on the prompt alone. So before the micro-batches, :meth:`PromptCache.build` runs the
+distinct prompts once (columns ``lo … P − 2``; ``lo`` = the batch's first real column) and
+keeps every layer's keys and values; each micro-batch then runs only columns ``P − 1 …`` of
+its rows, attending to their prompt's copy::
+
+    batch ──distinct prompts (U rows)──▶ forward, columns lo … P−2 ──▶ K, V per layer (U, …)
+    micro-batch (rows r) ──▶ forward, columns P−1 … hi−2, attending to K, V[prompt of r] ──▶ logits
+    training: each micro-batch's backward leaves ∂loss/∂K, ∂V (summed over rows, float32) on
+              the cache; :meth:`PromptCache.backward` then runs the prompt pass's backward once.
+
+Outputs and gradients equal the single-pass ones up to float rounding (the same products,
+summed in another order). The micro-batches keep their length-sorted plan, so the response
+part pays no extra padding; the prompt part of the compute drops from B rows to U. SmolLM2,
+32 rows = 8 prompts × 4 samples, micro-batches of 8, forward + backward: bf16 3.4 s instead
+of 4.4 s, fp32 8.7 s instead of 12.4 s.
+
+It needs a Hugging Face decoder-only model that takes a ``cache`` whose layers are all plain
+full-attention layers, no gradient checkpointing (HF's checkpointed layers drop the cache in
+training) and no dropout in training (rows would share one dropout mask on the prompt):
+:func:`shares_prompts` checks all of them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import torch
+from tensordict import TensorDict
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+from hybridflow import fields as FK
+
+PROMPT_CACHE_ARG = "prompt_cache"  # the parameter by which a forward function asks for the cache
+
+
+def distinct_prompts(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first, which)`` for left-padded prompts (B, P): ``first`` (U,) = the first row of each
+    distinct prompt, in order of appearance; ``which`` (B,) = each row's prompt, an index into
+    ``first``. Rows are the same prompt when their real tokens and positions match."""
+    key = torch.cat([input_ids * attention_mask, attention_mask, position_ids * attention_mask], dim=1)
+    rows = torch.arange(key.shape[0], device=key.device)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    distinct = int(inverse.max()) + 1 if key.shape[0] else 0
+    if distinct == key.shape[0]:
+        return rows, rows
+    first = torch.full((distinct,), key.shape[0], dtype=torch.long, device=key.device)
+    first.scatter_reduce_(0, inverse, rows, reduce="amin")
+    order = torch.argsort(first)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(distinct, device=key.device)
+    return first[order], rank[inverse]
+
+
+def _inner_model(module: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face model under a PEFT wrapper (``module`` itself otherwise)."""
+    get_base = getattr(module, "get_base_model", None)
+    return get_base() if callable(get_base) else module
+
+
+def _checkpoints_activations(model: torch.nn.Module) -> bool:
+    # transformers 5 renamed is_gradient_checkpointing (now deprecated) to is_activation_checkpointing.
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
+
+
+def _has_dropout(model: torch.nn.Module) -> bool:
+    if float(getattr(model.config, "attention_dropout", 0.0) or 0.0) > 0:
+        return True
+    return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+
+
+def shares_prompts(module: torch.nn.Module) -> bool:
+    """Whether ``module`` can run a batch's prompts once (see the module docstring)."""
+    model = _inner_model(module)
+    if getattr(model, "config", None) is None or _checkpoints_activations(model):
+        return False
+    if "cache" not in inspect.signature(model.forward).parameters:
+        return False
+    if module.training and _has_dropout(model):
+        return False
+    layers = DynamicCache(config=model.config).layers
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def takes_prompt_cache(forward_fn: Callable[..., object]) -> bool:
+    """Whether ``forward_fn`` declares a ``prompt_cache`` parameter (works through ``partial``)."""
+    return PROMPT_CACHE_ARG in inspect.signature(forward_fn).parameters
+
+
+class PromptCache:
+    """Every layer's keys and values of a batch's distinct prompts, columns ``start … P − 2``."""
+
+    def __init__(self, module: torch.nn.Module, kv: list[torch.Tensor], which: torch.Tensor, start: int) -> None:
+        self.config = _inner_model(module).config
+        self.which = which  # batch row → distinct prompt
+        self.start = start
+        self._kv = kv  # [keys of layer 0, values of layer 0, keys of layer 1, ...], (U, heads, columns, d)
+        # With gradients on, micro-batches read float32 copies that collect ∂loss/∂K, ∂V
+        # (float32 so that rows summed onto one prompt lose no precision in bf16).
+        self._leaves = [t.detach().float().requires_grad_() for t in kv] if torch.is_grad_enabled() else kv
+
+    @classmethod
+    def build(cls, module: torch.nn.Module, batch: TensorDict, device: torch.device) -> PromptCache | None:
+        """Run ``batch``'s distinct prompts through ``module`` once; ``None`` when no two rows
+        share a prompt, when the batch lacks position ids or a prompt/response split, or when
+        the prompts are one token long (the last prompt token always runs with its row)."""
+        if not all(key in batch.keys() for key in (FK.INPUT_IDS, FK.ATTENTION_MASK, FK.POSITION_IDS, FK.RESPONSES)):
+            return None
+        prompt_len = batch[FK.INPUT_IDS].shape[1] - batch[FK.RESPONSES].shape[1]
+        mask = batch[FK.ATTENTION_MASK][:, : prompt_len - 1]
+        used = mask.bool().any(dim=0).nonzero().flatten()
+        if prompt_len < 2 or not used.numel():
+            return None
+        cols = slice(int(used[0]), prompt_len - 1)
+        inputs = {
+            "input_ids": batch[FK.INPUT_IDS][:, cols],
+            "attention_mask": batch[FK.ATTENTION_MASK][:, cols],
+            "position_ids": batch[FK.POSITION_IDS][:, cols],
+        }
+        first, which = distinct_prompts(inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"])
+        if first.numel() == which.numel():
+            return None
+        cache = DynamicCache(config=_inner_model(module).config)
+        nothing = torch.zeros(0, dtype=torch.long, device=device)  # no logits wanted from the prompt pass
+        module(
+            **{name: tensor[first].to(device) for name, tensor in inputs.items()},
+            cache=cache, use_cache=True, logits_to_keep=nothing,
+        )
+        kv = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+        return cls(module, kv, which.to(device), int(used[0]))
+
+    def for_rows(self, rows: torch.Tensor, start: int) -> DynamicCache:
+        """A cache holding, for each batch row in ``rows``, its prompt's columns ``start … P − 2``."""
+        if start < self.start:
+            raise ValueError(f"the prompt cache starts at column {self.start}, not {start}")
+        index = self.which[rows.to(self.which.device)]
+        cut = start - self.start
+        kv = [leaf[index, :, cut:].to(out.dtype) for leaf, out in zip(self._leaves, self._kv)]
+        return DynamicCache(ddp_cache_data=list(zip(kv[0::2], kv[1::2])), config=self.config)
+
+    def backward(self) -> None:
+        """Carry the gradients that the micro-batches left on the cache through the prompt pass."""
+        pairs = [(out, leaf.grad) for out, leaf in zip(self._kv, self._leaves) if leaf.grad is not None]
+        if pairs and self._kv[0].requires_grad:
+            torch.autograd.backward([out for out, _ in pairs], [grad.to(out.dtype) for out, grad in pairs])
+        self._leaves = self._kv = []
+
+
+class PromptRows:
+    """The prompt cache as one micro-batch sees it: the batch-wide cache and the micro-batch's rows."""
+
+    def __init__(self, cache: PromptCache, rows: torch.Tensor) -> None:
+        self._cache = cache
+        self._rows = rows
+
+    @property
+    def start(self) -> int:
+        """First prompt column the cache holds."""
+        return self._cache.start
+
+    def dynamic_cache(self, start: int) -> DynamicCache:
+        """These rows' prompt keys and values from column ``start`` (≥ :attr:`start`) on."""
+        return self._cache.for_rows(self._rows, start)
