@@ -95,9 +95,24 @@ def describe_work(trainer: Any) -> list[str]:
         "old log-probs: " + ("separate no-grad forward (phase old_log_prob)" if trainer.compute_old_log_probs
                              else "skipped — on-policy: ℓ_old = detached ℓ of the update forward"),
         "reference log-probs: " + ("no-grad forward of the reference model" if trainer.use_reference else "none"),
+        "prompt columns: " + (
+            "each distinct prompt runs once per batch in the update and in the reference pass, its rows "
+            "attending to its keys/values (engine/shared_prompt.py: the same outputs, prompt compute ÷ rollout.n)"
+            if shares_prompts_by_config(trainer.config) else "run for every row"
+        ),
         "entropy: computed in every update forward (logged, no gradient)",
-        "rewards: naive manager, scorer in a worker process (per-item timeout)",
+        "rewards: naive manager, scorer in a kept worker process (per-item timeout)",
     ]
+
+
+def shares_prompts_by_config(config: Any) -> bool:
+    """Whether this config's actor and reference run repeated prompts once: the single-process
+    engine without gradient checkpointing (the model, a Llama, passes the other checks)."""
+    from hybridflow.workers.engine_factory import resolve_strategy
+
+    arr, trainer = config.actor_rollout_ref, config.trainer
+    engine = resolve_strategy(arr.actor.strategy, trainer.n_gpus_per_node * trainer.nnodes)
+    return engine == "torch" and not arr.model.enable_gradient_checkpointing
 
 
 def step_record(metrics: dict[str, float], step_s: float, rows: int) -> dict[str, Any]:
@@ -156,7 +171,7 @@ def run(settings: BenchSettings) -> dict[str, Any]:
         else:
             steps, evals = learn(trainer, batches, settings)
     finally:
-        trainer.tracking.finish()
+        trainer.close()
     self_mb, children_mb = peak_rss_self_mb()
     return {
         "side": "hybridflow", "setup_s": setup_s, "warmup_steps": settings.warmup_steps,

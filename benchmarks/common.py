@@ -356,7 +356,7 @@ def format_speed_report(settings: BenchSettings, hybridflow: dict[str, Any], trl
     for name, a, b, r in rows:
         lines.append(f"{name:30} {_cell(a):>14} {_cell(b):>14} {_cell(r):>15}")
     lines.append("peak RSS: getrusage of each side's process; process tree: its RSS plus the private memory of")
-    lines.append("its helper processes (hybridflow's forked reward worker), sampled every 0.2 s")
+    lines.append("its helper processes (hybridflow's kept reward worker), sampled every 0.2 s")
     lines.append("work each side does per step (measured where marked):")
     lines += [f"  hybridflow: {w}" for w in hybridflow["work"]]
     lines += [f"  TRL:        {w}" for w in trl["work"]]

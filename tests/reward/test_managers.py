@@ -180,3 +180,30 @@ def test_num_examine_prints_per_source(make_batch, tokenizer, capsys):
     out = capsys.readouterr().out
     assert out.count("[prompt]") == 1
     assert "[prompt] What is 23 + 45?" in out and "[response] #### 68" in out and "[score] 1.0" in out
+
+
+def scorer_pid(data_source, solution_str, ground_truth, extra_info=None):
+    import os
+
+    return {"score": 1.0, "pid": os.getpid()}
+
+
+def test_manager_scores_in_processes_it_keeps(make_batch, tokenizer):
+    import os
+    import pickle
+
+    data, _ = make_batch(RESPONSES, TRUTHS, width=40)
+    manager = NaiveRewardManager(tokenizer, compute_score=scorer_pid, num_workers=1)
+    try:
+        first = set(manager(data)[1]["pid"])
+        again = set(manager(data)[1]["pid"])
+        assert len(first) == 1 and first == again and os.getpid() not in first
+        copy = pickle.loads(pickle.dumps(manager))  # a copy forks processes of its own
+        try:
+            assert set(copy(data)[1]["pid"]).isdisjoint(first)
+        finally:
+            copy.close()
+    finally:
+        manager.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        manager(data)
