@@ -154,17 +154,13 @@ class FSDPEngine(TorchEngine):
         self, batch: TensorDict, forward_fn: ForwardFn, micro_batch: MicroBatchSpec | None = None
     ) -> dict[str, torch.Tensor]:
         plan = self._same_count_plan(batch, micro_batch if micro_batch is not None else self._train_spec)
-        return infer_plan(
-            self._module, batch, forward_fn, plan, self._device, self._autocast_dtype, share_prompts=False
-        )
+        return infer_plan(self._module, batch, forward_fn, plan, self._device, self._autocast_dtype)
 
     def forward_backward(
         self, batch: TensorDict, forward_fn: ForwardFn, loss_fn: LossFn, micro_batch: MicroBatchSpec | None = None
     ) -> list[dict[str, torch.Tensor]]:
         plan = self._same_count_plan(batch, micro_batch if micro_batch is not None else self._train_spec)
-        return train_micro_batches(
-            self._module, batch, forward_fn, loss_fn, plan, self._device, self._autocast_dtype, share_prompts=False
-        )
+        return train_micro_batches(self._module, batch, forward_fn, loss_fn, plan, self._device, self._autocast_dtype)
 
     def _clip_grad_norm(self) -> torch.Tensor:
         # The norm of sharded gradients is a DTensor: its full value is the global norm.

@@ -14,6 +14,10 @@ computed micro-batch by micro-batch are put back in the batch's order with
   — the padded size of the micro-batch — so rows of similar length share a micro-batch and
   little compute goes to padding.
 
+Rows that repeat a prompt (n samples each) can be planned in chunks of whole prompts
+(:func:`plan_prompt_chunks`), whose prompts then run once per chunk
+(:mod:`hybridflow.engine.shared_prompt`).
+
 Data-parallel ranks that share sharded weights (FSDP) must run the same number of forward
 passes; :func:`split_plan_to` splits a plan's micro-batches until it has a given count.
 """
@@ -54,6 +58,40 @@ def plan_micro_batches(lengths: Sequence[int] | torch.Tensor, spec: MicroBatchSp
         order = _longest_first(lengths)
         return [order[start : start + spec.size] for start in range(0, len(order), spec.size)]
     return _pack_by_tokens(lengths, int(spec.max_token_len))  # type: ignore[arg-type]
+
+
+def plan_prompt_chunks(
+    lengths: Sequence[int] | torch.Tensor, prompt_of: Sequence[int], prompt_tokens: int, spec: MicroBatchSpec | None
+) -> list[list[list[int]]]:
+    """Rows grouped into chunks of whole prompts, each chunk cut into micro-batches.
+
+    ``prompt_of[i]``: row i's prompt; ``prompt_tokens``: the columns a prompt's shared part
+    takes. A chunk's distinct prompts run through the model together, once, and their
+    activations stay until the chunk's last micro-batch is done, so a chunk takes no more
+    prompts than fill the largest micro-batch ``spec`` allows (``size`` × the longest row,
+    or ``max_token_len``): it never holds more activations than one micro-batch. Prompts are
+    taken longest row first; inside a chunk the micro-batches are cut as
+    :func:`plan_micro_batches` cuts them. ``spec=None``: one chunk, one micro-batch.
+    """
+    lengths = [int(n) for n in lengths]
+    if len(prompt_of) != len(lengths):
+        raise ValueError(f"{len(prompt_of)} prompt numbers for {len(lengths)} rows")
+    if not lengths:
+        return []
+    if spec is None:
+        return [[list(range(len(lengths)))]]
+    rows_of: dict[int, list[int]] = {}
+    for row, prompt in enumerate(prompt_of):
+        rows_of.setdefault(int(prompt), []).append(row)
+    prompts = sorted(rows_of, key=lambda p: (-max(lengths[r] for r in rows_of[p]), rows_of[p][0]))
+    budget = spec.max_token_len if spec.max_token_len is not None else spec.size * max(lengths)  # type: ignore[operator]
+    per_chunk = max(1, budget // max(prompt_tokens, 1))
+    chunks = []
+    for start in range(0, len(prompts), per_chunk):
+        rows = sorted(r for p in prompts[start : start + per_chunk] for r in rows_of[p])
+        plan = plan_micro_batches([lengths[r] for r in rows], spec)
+        chunks.append([[rows[i] for i in micro] for micro in plan])
+    return chunks
 
 
 def _longest_first(lengths: list[int]) -> list[int]:

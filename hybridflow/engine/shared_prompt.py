@@ -1,27 +1,33 @@
-"""Rows that repeat a prompt: run each distinct prompt through the model once per batch.
+"""Rows that repeat a prompt: run each distinct prompt through the model once.
 
 GRPO, RLOO, DAPO... sample n responses per prompt, so a batch holds every prompt n times. In
 a forward pass over ``[prompt | response]`` rows, the keys and values of the prompt's tokens
-depend on the prompt alone. So before the micro-batches, :meth:`PromptCache.build` runs the
-distinct prompts once (columns ``lo … P − 2``; ``lo`` = the batch's first real column) and
-keeps every layer's keys and values; each micro-batch then runs only columns ``P − 1 …`` of
-its rows, attending to their prompt's copy::
+depend on the prompt alone. So before a chunk of micro-batches, :meth:`PromptCache.build`
+runs the distinct prompts of the chunk's rows once (columns ``lo … P − 2``; ``lo`` = the
+batch's first real column) and keeps every layer's keys and values; each micro-batch then
+runs only columns ``P − 1 …`` of its rows, attending to their prompt's copy::
 
-    batch ──distinct prompts (U rows)──▶ forward, columns lo … P−2 ──▶ K, V per layer (U, …)
+    chunk's distinct prompts (U rows) ──forward, columns lo … P−2──▶ K, V per layer (U, …)
     micro-batch (rows r) ──▶ forward, columns P−1 … hi−2, attending to K, V[prompt of r] ──▶ logits
     training: each micro-batch's backward leaves ∂loss/∂K, ∂V (summed over rows, float32) on
               the cache; :meth:`PromptCache.backward` then runs the prompt pass's backward once.
 
+A chunk (``micro_batch.plan_prompt_chunks``) is a set of whole prompts holding no more
+tokens than the largest micro-batch, so the prompt pass, whose activations stay until its
+backward, never holds more than one micro-batch would; for a small batch (8 prompts of 50
+tokens, micro-batches of 8 rows of ~115) it is the whole batch. Inside a chunk the rows keep
+the length-sorted micro-batch plan, so the response part pays no extra padding.
+
 Outputs and gradients equal the single-pass ones up to float rounding (the same products,
-summed in another order). The micro-batches keep their length-sorted plan, so the response
-part pays no extra padding; the prompt part of the compute drops from B rows to U. SmolLM2,
+summed in another order); the prompt part of the compute drops from B rows to U. SmolLM2,
 32 rows = 8 prompts × 4 samples, micro-batches of 8, forward + backward: bf16 3.4 s instead
 of 4.4 s, fp32 8.7 s instead of 12.4 s.
 
 It needs a Hugging Face decoder-only model that takes a ``cache`` whose layers are all plain
 full-attention layers, no gradient checkpointing (HF's checkpointed layers drop the cache in
 training) and no dropout in training (rows would share one dropout mask on the prompt):
-:func:`shares_prompts` checks all of them.
+:func:`shares_prompts` checks all of them; a forward function asks for the cache by
+declaring a ``prompt_cache`` parameter (:func:`takes_prompt_cache`).
 """
 
 from __future__ import annotations
@@ -77,17 +83,48 @@ def _has_dropout(model: torch.nn.Module) -> bool:
     return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
 
 
-def shares_prompts(module: torch.nn.Module) -> bool:
-    """Whether ``module`` can run a batch's prompts once (see the module docstring)."""
+def shares_prompts(module: torch.nn.Module, training: bool) -> bool:
+    """Whether ``module`` can run repeated prompts once, in training or at inference (see
+    the module docstring)."""
     model = _inner_model(module)
     if getattr(model, "config", None) is None or _checkpoints_activations(model):
         return False
     if "cache" not in inspect.signature(model.forward).parameters:
         return False
-    if module.training and _has_dropout(model):
+    if training and _has_dropout(model):
         return False
     layers = DynamicCache(config=model.config).layers
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _prompt_columns(batch: TensorDict) -> slice | None:
+    """Columns ``lo … P − 2``: every prompt's tokens but the last (``None``: none, or no
+    prompt/response split or position ids in the batch)."""
+    if not all(key in batch.keys() for key in (FK.INPUT_IDS, FK.ATTENTION_MASK, FK.POSITION_IDS, FK.RESPONSES)):
+        return None
+    prompt_len = batch[FK.INPUT_IDS].shape[1] - batch[FK.RESPONSES].shape[1]
+    used = batch[FK.ATTENTION_MASK][:, : max(prompt_len - 1, 0)].bool().any(dim=0).nonzero().flatten()
+    return slice(int(used[0]), prompt_len - 1) if used.numel() else None
+
+
+def _prompt_inputs(batch: TensorDict, cols: slice) -> dict[str, torch.Tensor]:
+    return {
+        "input_ids": batch[FK.INPUT_IDS][:, cols],
+        "attention_mask": batch[FK.ATTENTION_MASK][:, cols],
+        "position_ids": batch[FK.POSITION_IDS][:, cols],
+    }
+
+
+def prompt_groups(batch: TensorDict) -> tuple[list[int], int] | None:
+    """``(prompt of each row, columns of a prompt's shared part)``, or ``None`` when no two rows
+    share a prompt (or the batch cannot tell prompts apart, see ``_prompt_columns``)."""
+    cols = _prompt_columns(batch)
+    if cols is None:
+        return None
+    first, which = distinct_prompts(*_prompt_inputs(batch, cols).values())
+    if first.numel() == which.numel():
+        return None
+    return which.tolist(), cols.stop - cols.start
 
 
 def takes_prompt_cache(forward_fn: Callable[..., object]) -> bool:
@@ -100,7 +137,7 @@ class PromptCache:
 
     def __init__(self, module: torch.nn.Module, kv: list[torch.Tensor], which: torch.Tensor, start: int) -> None:
         self.config = _inner_model(module).config
-        self.which = which  # batch row → distinct prompt
+        self.which = which  # batch row → distinct prompt (−1: a row outside this cache)
         self.start = start
         self._kv = kv  # [keys of layer 0, values of layer 0, keys of layer 1, ...], (U, heads, columns, d)
         # With gradients on, micro-batches read float32 copies that collect ∂loss/∂K, ∂V
@@ -108,24 +145,18 @@ class PromptCache:
         self._leaves = [t.detach().float().requires_grad_() for t in kv] if torch.is_grad_enabled() else kv
 
     @classmethod
-    def build(cls, module: torch.nn.Module, batch: TensorDict, device: torch.device) -> PromptCache | None:
-        """Run ``batch``'s distinct prompts through ``module`` once; ``None`` when no two rows
-        share a prompt, when the batch lacks position ids or a prompt/response split, or when
-        the prompts are one token long (the last prompt token always runs with its row)."""
-        if not all(key in batch.keys() for key in (FK.INPUT_IDS, FK.ATTENTION_MASK, FK.POSITION_IDS, FK.RESPONSES)):
+    def build(
+        cls, module: torch.nn.Module, batch: TensorDict, rows: list[int], device: torch.device
+    ) -> PromptCache | None:
+        """Run the distinct prompts of ``batch``'s ``rows`` through ``module`` once; ``None``
+        when no two of the rows share a prompt, when the batch cannot tell prompts apart, or
+        when the prompts are one token long (the last prompt token always runs with its row)."""
+        cols = _prompt_columns(batch)
+        if cols is None:
             return None
-        prompt_len = batch[FK.INPUT_IDS].shape[1] - batch[FK.RESPONSES].shape[1]
-        mask = batch[FK.ATTENTION_MASK][:, : prompt_len - 1]
-        used = mask.bool().any(dim=0).nonzero().flatten()
-        if prompt_len < 2 or not used.numel():
-            return None
-        cols = slice(int(used[0]), prompt_len - 1)
-        inputs = {
-            "input_ids": batch[FK.INPUT_IDS][:, cols],
-            "attention_mask": batch[FK.ATTENTION_MASK][:, cols],
-            "position_ids": batch[FK.POSITION_IDS][:, cols],
-        }
-        first, which = distinct_prompts(inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"])
+        index = torch.tensor(sorted(rows), dtype=torch.long)  # prompts in batch order, whatever the plan's
+        inputs = {name: t[index] for name, t in _prompt_inputs(batch, cols).items()}
+        first, which = distinct_prompts(*inputs.values())
         if first.numel() == which.numel():
             return None
         cache = DynamicCache(config=_inner_model(module).config)
@@ -135,13 +166,17 @@ class PromptCache:
             cache=cache, use_cache=True, logits_to_keep=nothing,
         )
         kv = [t for layer in cache.layers for t in (layer.keys, layer.values)]
-        return cls(module, kv, which.to(device), int(used[0]))
+        prompt_of_row = torch.full((batch.batch_size[0],), -1, dtype=torch.long)
+        prompt_of_row[index] = which
+        return cls(module, kv, prompt_of_row.to(device), cols.start)
 
     def for_rows(self, rows: torch.Tensor, start: int) -> DynamicCache:
         """A cache holding, for each batch row in ``rows``, its prompt's columns ``start … P − 2``."""
         if start < self.start:
             raise ValueError(f"the prompt cache starts at column {self.start}, not {start}")
         index = self.which[rows.to(self.which.device)]
+        if bool((index < 0).any()):
+            raise ValueError("rows outside this prompt cache's chunk")
         cut = start - self.start
         kv = [leaf[index, :, cut:].to(out.dtype) for leaf, out in zip(self._leaves, self._kv)]
         return DynamicCache(ddp_cache_data=list(zip(kv[0::2], kv[1::2])), config=self.config)

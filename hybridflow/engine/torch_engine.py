@@ -11,7 +11,7 @@ from tensordict import TensorDict
 
 from hybridflow.engine.base import ENGINES, EngineSpec, ForwardFn, LossFn, StepResult, TrainEngine
 from hybridflow.engine.checkpoint import load_engine_state, save_engine_state
-from hybridflow.engine.inference import infer_micro_batches, make_plan, train_micro_batches
+from hybridflow.engine.inference import infer_micro_batches, plan_chunks, train_chunks
 from hybridflow.engine.micro_batch import MicroBatchSpec
 from hybridflow.engine.schedules import build_lr_lambda, resolve_warmup_steps
 from hybridflow.engine.weights import iter_sync_weights
@@ -99,10 +99,9 @@ class TorchEngine(TrainEngine):
     def forward_backward(
         self, batch: TensorDict, forward_fn: ForwardFn, loss_fn: LossFn, micro_batch: MicroBatchSpec | None = None
     ) -> list[dict[str, torch.Tensor]]:
-        plan = make_plan(batch, micro_batch if micro_batch is not None else self._train_spec)
-        return train_micro_batches(
-            self._module, batch, forward_fn, loss_fn, plan, self._device, self._autocast_dtype
-        )
+        spec = micro_batch if micro_batch is not None else self._train_spec
+        chunks = plan_chunks(self._module, batch, forward_fn, spec, training=True)
+        return train_chunks(self._module, batch, forward_fn, loss_fn, chunks, self._device, self._autocast_dtype)
 
     def optimizer_step(self) -> StepResult:
         lr = self.current_lr()
