@@ -74,7 +74,8 @@ def plan_chunks(
     if groups is None:
         return [Chunk(make_plan(batch, spec))]
     prompt_of, prompt_tokens = groups
-    return [Chunk(micro, shared_prompts=True) for micro in plan_prompt_chunks(_row_lengths(batch), prompt_of, prompt_tokens, spec)]
+    chunks = plan_prompt_chunks(_row_lengths(batch), prompt_of, prompt_tokens, spec)
+    return [Chunk(micro_batches, shared_prompts=True) for micro_batches in chunks]
 
 
 def iter_micro_batches(

@@ -73,8 +73,9 @@ def _inner_model(module: torch.nn.Module) -> torch.nn.Module:
 
 def _checkpoints_activations(model: torch.nn.Module) -> bool:
     # transformers 5 renamed is_gradient_checkpointing (now deprecated) to is_activation_checkpointing.
-    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
-    return bool(getattr(model, name, False))
+    if hasattr(type(model), "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(getattr(model, "is_gradient_checkpointing", False))
 
 
 def _has_dropout(model: torch.nn.Module) -> bool:
@@ -183,8 +184,11 @@ class PromptCache:
 
     def backward(self) -> None:
         """Carry the gradients that the micro-batches left on the cache through the prompt pass."""
-        pairs = [(out, leaf.grad) for out, leaf in zip(self._kv, self._leaves) if leaf.grad is not None]
-        if pairs and self._kv[0].requires_grad:
+        # Some keys/values may not depend on a trainable parameter (LoRA on v_proj only: no key does).
+        pairs = [
+            (out, leaf.grad) for out, leaf in zip(self._kv, self._leaves) if leaf.grad is not None and out.requires_grad
+        ]
+        if pairs:
             torch.autograd.backward([out for out, _ in pairs], [grad.to(out.dtype) for out, grad in pairs])
         self._leaves = self._kv = []
 

@@ -134,6 +134,19 @@ def test_gradients_in_bf16_autocast_and_with_lora(make_rollout_batch) -> None:
     assert rel < 2e-2, f"bf16 gradients differ by {rel:.3g} relative"
 
 
+def test_gradients_with_lora_on_values_only(make_rollout_batch) -> None:
+    # No key depends on a trainable parameter here, every value does.
+    model = apply_lora(build_tiny_model(seed=4), lora_rank=4, lora_alpha=8, target_modules=["v_proj"])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.02)  # B starts at 0; give the adapters an effect
+    batch = _grouped_batch(make_rollout_batch, seed=7)
+    shared = _grads_after(model, batch, response_log_probs, MicroBatchSpec(size=3))
+    plain = _grads_after(model, batch, _unshared, MicroBatchSpec(size=3))
+    torch.testing.assert_close(shared, plain, rtol=1e-4, atol=1e-6)
+
+
 def test_forward_functions_opt_in_by_parameter() -> None:
     assert takes_prompt_cache(partial(response_log_probs, temperature=1.0))
     assert not takes_prompt_cache(_unshared)
