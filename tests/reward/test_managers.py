@@ -207,3 +207,21 @@ def test_manager_scores_in_processes_it_keeps(make_batch, tokenizer):
         manager.close()
     with pytest.raises(RuntimeError, match="closed"):
         manager(data)
+
+
+def batch_scorer_pid(data_sources, solution_strs, ground_truths, extra_infos):
+    import os
+
+    return [{"score": 1.0, "pid": os.getpid()}] * len(data_sources)
+
+
+def test_batch_manager_scores_in_a_kept_process(make_batch, tokenizer):
+    import os
+
+    data, _ = make_batch(RESPONSES, TRUTHS, width=40)
+    manager = BatchRewardManager(tokenizer, compute_score=batch_scorer_pid)
+    try:
+        first, again = set(manager(data)[1]["pid"]), set(manager(data)[1]["pid"])
+        assert len(first) == 1 and first == again and os.getpid() not in first
+    finally:
+        manager.close()

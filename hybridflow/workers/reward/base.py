@@ -25,7 +25,7 @@ import torch
 
 from hybridflow import fields as F
 from hybridflow.utils.registry import Registry
-from hybridflow.workers.reward.executors import OK, ScorerPool, run_calls
+from hybridflow.workers.reward.executors import OK, CallResult, ScorerPool, run_calls
 from hybridflow.workers.reward.outcomes import ScoreOutcome, collect_extra_info, to_outcome
 from hybridflow.workers.reward.scores import SCORERS, default_compute_score
 
@@ -182,13 +182,16 @@ class RewardManager:
              "ground_truth": it.ground_truth, "extra_info": it.extra_info}
             for it in items
         ]
+        return [to_outcome(result) for result in self.run_scorer(calls)]
+
+    def run_scorer(self, calls: list[dict[str, Any]]) -> list[CallResult]:
+        """``compute_score(**call)`` for each call, contained by the executor (the kept
+        processes for ``process``)."""
         if self._pool is not None:
-            results = self._pool.run(calls, self.timeout_s) if calls else []
-        else:
-            results = run_calls(
-                self.compute_score, calls, executor=self.executor, timeout_s=self.timeout_s, num_workers=self.num_workers
-            )
-        return [to_outcome(result) for result in results]
+            return self._pool.run(calls, self.timeout_s) if calls else []
+        return run_calls(
+            self.compute_score, calls, executor=self.executor, timeout_s=self.timeout_s, num_workers=self.num_workers
+        )
 
     def adjust(self, items: list[ScoreItem], outcomes: list[ScoreOutcome]) -> tuple[list[float], dict[str, list[Any]]]:
         """Final per-item rewards and extra-info columns to add; here the scores unchanged."""

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from hybridflow.workers.reward.base import REWARD_MANAGERS, RewardManager, ScoreItem
-from hybridflow.workers.reward.executors import ERROR, OK, CallResult, run_calls
+from hybridflow.workers.reward.executors import ERROR, OK, CallResult
 from hybridflow.workers.reward.outcomes import ScoreOutcome, to_outcome
 from hybridflow.workers.reward.scores import default_compute_score_batch
 
@@ -32,7 +32,7 @@ class BatchRewardManager(RewardManager):
             "ground_truths": [it.ground_truth for it in items],
             "extra_infos": [it.extra_info for it in items],
         }
-        [result] = run_calls(self.compute_score, [call], executor=self.executor, timeout_s=self.timeout_s)
+        [result] = self.run_scorer([call])
         if result.status != OK:
             return [ScoreOutcome(0.0, result.status, message=result.message)] * len(items)
         values = result.value
