@@ -148,7 +148,11 @@ class FilterGroupsConfig:
     """``algorithm.filter_groups``: DAPO dynamic sampling (drop groups whose scores are all equal)."""
 
     enable: bool = setting(False, "drop zero-variance groups and sample more prompts until the batch is full")
-    metric: str = setting("score", "per-response metric whose variance decides (e.g. score, acc)")
+    metric: str = setting(
+        "score",
+        "per-response value that must vary within a group: score / seq_reward / seq_final_reward (the summed "
+        "score; seq_final_reward needs use_kl_in_reward=false) or a key the scorer returns (e.g. acc)",
+    )
     max_num_gen_batches: int = setting(0, "give up after this many generation batches; ≤ 0 = no limit")
 
 

@@ -7,6 +7,8 @@ numbered phases of the HybridFlow paper's algorithm, each a named call.
       0 prepare       uid per prompt, repeat rollout.n times (interleaved)
       1 rollout       rollout.generate_sequences           (+ ReMax greedy baseline pass)
       2 reward        reward_fn(batch) → token_level_scores
+     2b filter        DAPO dynamic sampling: drop groups whose responses all score alike,
+                      repeat 0–2 on further prompt batches until the batch is full (optional)
       3 old logp      actor.compute_log_prob               (skipped when on-policy)
       4 ref logp      ref.compute_ref_log_prob             (when a KL term needs it)
       5 values        critic.compute_values                (when the estimator needs values)
@@ -24,6 +26,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import numpy as np
@@ -39,6 +42,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.tracking import Tracking
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.balance import balance_batch
+from hybridflow.trainer.dynamic_sampling import SUMMED_REWARD_METRIC, response_metric, varied_group_rows
 from hybridflow.trainer.metrics import (
     Timer,
     compute_data_metrics,
@@ -49,6 +53,12 @@ from hybridflow.trainer.metrics import (
 from hybridflow.workers.reward import reward_fault_metrics
 
 RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict[str, list[Any]]]]
+
+
+def _object_column(values: list[Any]) -> np.ndarray:
+    column = np.empty(len(values), dtype=object)  # element-wise, even for list-valued entries
+    column[:] = values
+    return column
 
 
 @dataclass
@@ -106,10 +116,10 @@ class PPOTrainer:
         # Phase variants chosen once (ReMax's greedy baseline pass is one).
         self.baseline_phase = self.compute_reward_baselines if self.spec.needs_reward_baselines else None
         self.dp_size = config.trainer.nnodes * config.trainer.n_gpus_per_node
-        if algo.filter_groups.enable:
-            raise NotImplementedError(
-                "algorithm.filter_groups.enable=true (DAPO dynamic sampling) is not implemented yet; "
-                "run DAPO with the dapo reward manager and clip_ratio_high instead"
+        if algo.filter_groups.enable and algo.filter_groups.metric == SUMMED_REWARD_METRIC and self.use_kl_in_reward:
+            raise ValueError(
+                "algorithm.filter_groups.metric=seq_final_reward needs the in-reward KL, which is computed after "
+                "the groups are filtered; with algorithm.use_kl_in_reward=true filter on score or a scorer key (acc)"
             )
         if self.use_reference and workers.ref is None:
             raise ValueError("this configuration needs a reference policy (KL loss / KL in reward) but no ref workers were built")
@@ -139,7 +149,7 @@ class PPOTrainer:
         while self.global_steps < self.total_training_steps:
             batch = DataProto.from_single_dict(next(batches))
             self.global_steps += 1
-            last = self.step(batch)
+            last = self.step(batch, more_batches=batches)
             is_last = self.global_steps == self.total_training_steps
             if (is_last or self._due(trainer_cfg.test_freq, is_last)) and self.val_loader is not None:
                 last |= self.validate()
@@ -159,19 +169,15 @@ class PPOTrainer:
     def _due(self, freq: int, is_last: bool) -> bool:
         return freq > 0 and (self.global_steps % freq == 0 or is_last)
 
-    def step(self, batch: DataProto) -> dict[str, float]:
-        """One iteration of the algorithm; returns its metrics."""
+    def step(self, batch: DataProto, more_batches: Iterator[dict[str, Any]] | None = None) -> dict[str, float]:
+        """One iteration of the algorithm; returns its metrics. ``more_batches``: where DAPO
+        dynamic sampling takes further prompt batches from (the training loader)."""
         timer = Timer()
         metrics: dict[str, float] = {}
         with timer.phase("step"):
-            batch = self.prepare(batch, self.config.actor_rollout_ref.rollout.n)
-            with timer.phase("gen"):
-                batch = self.generate(batch)
-            if self.baseline_phase is not None:
-                with timer.phase("gen_baseline"):
-                    batch = self.baseline_phase(batch)
-            with timer.phase("reward"):
-                metrics |= self.compute_reward(batch)
+            batch = self.generate_and_score(batch, timer, metrics)
+            if self.config.algorithm.filter_groups.enable:
+                batch = self.keep_varied_groups(batch, more_batches, timer, metrics)
             if self.config.trainer.balance_batch and self.dp_size > 1:
                 metrics |= balance_batch(batch, self.dp_size)  # similar token counts per DP rank
             if self.compute_old_log_probs:
@@ -201,25 +207,78 @@ class PPOTrainer:
         return metrics
 
     # ------------------------------------------------------------------------------ phases
-    def prepare(self, batch: DataProto, n: int) -> DataProto:
-        """0: a group id per prompt (deterministic: step and row), then n interleaved copies."""
-        uids = np.array([f"{self.global_steps}-{i}" for i in range(len(batch))], dtype=object)
+    def generate_and_score(
+        self, batch: DataProto, timer: Timer, metrics: dict[str, float], gen_batch: int = 0
+    ) -> DataProto:
+        """Phases 0–2 on one prompt batch (``gen_batch``: its number within the step)."""
+        batch = self.prepare(batch, self.config.actor_rollout_ref.rollout.n, gen_batch)
+        with timer.phase("gen"):
+            batch = self.generate(batch, gen_batch=gen_batch)
+        if self.baseline_phase is not None:
+            with timer.phase("gen_baseline"):
+                batch = self.baseline_phase(batch)
+        with timer.phase("reward"):
+            for name, value in self.compute_reward(batch).items():  # counts add up over generation batches
+                metrics[name] = metrics.get(name, 0.0) + value
+        return batch
+
+    def prepare(self, batch: DataProto, n: int, gen_batch: int = 0) -> DataProto:
+        """0: a group id per prompt (deterministic: step, generation batch and row), then n
+        interleaved copies."""
+        prefix = f"{self.global_steps}" if gen_batch == 0 else f"{self.global_steps}.{gen_batch}"
+        uids = np.array([f"{prefix}-{i}" for i in range(len(batch))], dtype=object)
         batch.non_tensor_batch[F.UID] = uids
         return batch.repeat(repeat_times=n, interleave=True)
 
-    def generate(self, batch: DataProto, validate: bool = False) -> DataProto:
-        """1: sample one response per row; the step number seeds the sampler (resumable)."""
+    def generate(self, batch: DataProto, validate: bool = False, gen_batch: int = 0) -> DataProto:
+        """1: sample one response per row; the step number (and generation batch) seeds the
+        sampler (resumable)."""
         prompts = batch.pop(batch_keys=[F.INPUT_IDS, F.ATTENTION_MASK, F.POSITION_IDS])
-        prompts.meta_info.update(self._sampling_meta(validate))
+        prompts.meta_info.update(self._sampling_meta(validate, gen_batch))
         output = self.workers.rollout.generate_sequences(prompts)
         return output.union(batch)
 
-    def _sampling_meta(self, validate: bool) -> dict[str, Any]:
+    def keep_varied_groups(
+        self, batch: DataProto, more_batches: Iterator[dict[str, Any]] | None, timer: Timer, metrics: dict[str, float]
+    ) -> DataProto:
+        """2b (DAPO dynamic sampling): keep the groups whose responses differ in
+        ``filter_groups.metric``; generate and score further prompt batches until
+        ``train_batch_size`` such groups are kept, then use the first of them."""
+        cfg, want = self.config.algorithm.filter_groups, self.config.data.train_batch_size
+        n = self.config.actor_rollout_ref.rollout.n
+        parts, groups, gen_batches = [], 0, 1
+        while True:
+            rows, kept = varied_group_rows(response_metric(batch, cfg.metric), batch.non_tensor_batch[F.UID])
+            parts.append(batch.select_idxs(rows))
+            groups += kept
+            if groups >= want:
+                break
+            if 0 < cfg.max_num_gen_batches <= gen_batches:
+                raise RuntimeError(
+                    f"DAPO dynamic sampling: {gen_batches} generation batches left only {groups} of "
+                    f"{want} prompt groups whose responses differ in {cfg.metric!r}; the task may be too easy "
+                    "or too hard for the model. Raise algorithm.filter_groups.max_num_gen_batches (≤ 0: no limit) "
+                    "or check the data and the reward."
+                )
+            if more_batches is None:
+                raise ValueError("DAPO dynamic sampling needs further prompt batches: call step(batch, more_batches=...)")
+            batch = self.generate_and_score(DataProto.from_single_dict(next(more_batches)), timer, metrics, gen_batches)
+            gen_batches += 1
+        metrics["train/num_gen_batches"] = float(gen_batches)
+        metrics["train/kept_groups"] = float(groups)
+        # The parts' sampling meta differs only in the seed; the batch keeps its first part's.
+        parts = [DataProto(batch=p.batch, non_tensor_batch=p.non_tensor_batch, meta_info=parts[0].meta_info) for p in parts]
+        return DataProto.concat(parts).select_idxs(np.arange(want * n))
+
+    def _sampling_meta(self, validate: bool, gen_batch: int = 0) -> dict[str, Any]:
         rollout = self.config.actor_rollout_ref.rollout
+        seed = self.config.trainer.seed * 1_000_003 + self.global_steps * 2 + int(validate)
+        if gen_batch:  # further DAPO generation batches of this step: seeds no other batch uses
+            seed = int(np.random.SeedSequence([self.config.trainer.seed, self.global_steps, gen_batch]).generate_state(1)[0])
         meta: dict[str, Any] = {
             "eos_token_id": self.tokenizer.eos_token_id,
             "pad_token_id": self.tokenizer.pad_token_id,
-            "seed": self.config.trainer.seed * 1_000_003 + self.global_steps * 2 + int(validate),
+            "seed": seed,
             "validate": validate,
         }
         if validate:
@@ -251,7 +310,13 @@ class PPOTrainer:
         """2: token_level_scores (B, T) from the reward manager; fault counts as metrics."""
         scores, extra = self.reward_fn(batch)
         batch.batch[F.TOKEN_LEVEL_SCORES] = scores
-        batch.meta_info["reward_extra_info"] = extra
+        # Per-response values travel as columns (as in verl), so row reordering (balance_batch)
+        # and row selection (dynamic sampling) keep them aligned.
+        clash = sorted(set(extra) & set(batch.non_tensor_batch))
+        if clash:
+            raise ValueError(f"the reward function returned keys {clash} that are already batch columns")
+        for key, values in extra.items():
+            batch.non_tensor_batch[key] = _object_column(values)
         return reward_fault_metrics(extra)
 
     def compute_old_log_prob(self, batch: DataProto) -> dict[str, float]:
@@ -302,12 +367,12 @@ class PPOTrainer:
         keys = self.config.algorithm.gdpo_reward_keys
         if not (self.spec.needs_multi_reward and keys):
             return None
-        extra = batch.meta_info["reward_extra_info"]
+        extra = batch.non_tensor_batch
         missing = [k for k in keys if k not in extra]
         if missing:
             raise ValueError(
                 f"algorithm.gdpo_reward_keys names {missing}, which the scorer did not return "
-                f"(it returned: {sorted(extra)})"
+                f"(the batch's columns: {sorted(extra)})"
             )
         return torch.tensor([[float(v) for v in extra[k]] for k in keys], dtype=torch.float32).T
 

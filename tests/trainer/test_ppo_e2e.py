@@ -87,10 +87,10 @@ def test_resume_equals_uninterrupted(tiny_task_dir, tmp_path, tiny_model_dir, mo
 
     original_step = PPOTrainer.step
 
-    def crash_at_three(self, batch):
+    def crash_at_three(self, batch, more_batches=None):
         if self.global_steps == 3:
             raise KeyboardInterrupt("simulated stop")
-        return original_step(self, batch)
+        return original_step(self, batch, more_batches)
 
     monkeypatch.setattr(PPOTrainer, "step", crash_at_three)
     with pytest.raises(KeyboardInterrupt):
