@@ -37,6 +37,12 @@ class DataConfig:
     max_prompt_length: int = setting(128, "prompt tokens after templating; prompts are left-padded to it", ge=1)
     max_response_length: int = setting(48, "max generated tokens per response", ge=1)
     train_batch_size: int = setting(8, "prompts per training step (each sampled rollout.n times)", ge=1)
+    gen_batch_size: int | None = setting(
+        None,
+        "prompts per generation batch; null = train_batch_size. Larger only with algorithm.filter_groups.enable "
+        "(DAPO: generate more prompts at once, train on the first train_batch_size groups that vary)",
+        ge=1,
+    )
     val_batch_size: int | None = setting(None, "prompts per validation batch; null = the whole validation set", ge=1)
     return_raw_chat: bool = setting(False, "also return the untemplated messages (for multi-turn / server rollouts)")
     shuffle: bool = setting(True, "shuffle the training set each epoch")

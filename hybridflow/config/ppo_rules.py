@@ -220,6 +220,20 @@ def rule_groups(cfg: PPOConfig) -> list[str]:
     return []
 
 
+def rule_gen_batch(cfg: PPOConfig) -> list[str]:
+    gen, train = cfg.data.gen_batch_size, cfg.data.train_batch_size
+    if gen is None or gen == train:
+        return []
+    if not cfg.algorithm.filter_groups.enable:
+        return [
+            f"data.gen_batch_size={gen} differs from data.train_batch_size={train}; that only makes sense with "
+            "algorithm.filter_groups.enable=true (DAPO dynamic sampling)"
+        ]
+    if gen < train:
+        return [f"data.gen_batch_size={gen} must be at least data.train_batch_size={train}"]
+    return []
+
+
 def rule_clipping(cfg: PPOConfig) -> list[str]:
     actor = cfg.actor_rollout_ref.actor
     if actor.clip_ratio_c <= 1:
@@ -310,6 +324,7 @@ PPO_RULES: tuple[Callable[[PPOConfig], list[str]], ...] = (
     rule_actor_batches,
     rule_critic_batches,
     rule_groups,
+    rule_gen_batch,
     rule_clipping,
     rule_policy_loss,
     rule_sampling,

@@ -49,10 +49,6 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey("*.override_config.*", "HF config overrides are not applied"),
     IgnoredKey("*.external_lib", "custom-model import hook not supported"),
     IgnoredKey("*.optim.total_training_steps", "derived from trainer.total_training_steps"),
-    IgnoredKey(
-        "data.gen_batch_size",
-        "prompts are generated train_batch_size at a time; DAPO dynamic sampling draws further batches as needed",
-    ),
     IgnoredKey("*.optim.clip_grad", "use *.grad_clip"),
     IgnoredKey(f"{_ARR}.hybrid_engine", "actor, rollout and reference always share the policy model"),
     IgnoredKey(f"{_ARR}.nccl_timeout", "collective timeout of verl's NCCL groups"),

@@ -63,7 +63,8 @@ def build_loaders(config: PPOConfig, tokenizer) -> tuple[StatefulDataLoader, Sta
     )
     seed = config.trainer.seed if data.seed is None else data.seed
     train = RLDataset(list(data.train_files), tokenizer, max_samples=_samples(data.max_samples), **common)
-    train_loader = StatefulDataLoader(train, data.train_batch_size, shuffle=data.shuffle, seed=seed)
+    gen_batch = data.gen_batch_size or data.train_batch_size  # larger only for DAPO dynamic sampling
+    train_loader = StatefulDataLoader(train, gen_batch, shuffle=data.shuffle, seed=seed)
     if not data.val_files:
         return train_loader, None
     val = RLDataset(list(data.val_files), tokenizer, max_samples=_samples(data.val_max_samples), **common)

@@ -99,3 +99,25 @@ def test_seq_final_reward_with_kl_in_reward_is_refused(tiny_task_dir, tmp_path, 
     ))
     with pytest.raises(ValueError, match="seq_final_reward needs the in-reward KL"):
         run(cfg)
+
+
+def test_larger_generation_batches_train_on_train_batch_size_groups(tiny_task_dir, tmp_path, tiny_model_dir):
+    scorer = tmp_path / "half_flat.py"
+    scorer.write_text(HALF_FLAT_SCORER)
+    run_dir, dump = tmp_path / "run", tmp_path / "rollouts"
+    run(load_config(None, tiny_overrides(
+        tiny_task_dir, run_dir, tiny_model_dir, f"custom_reward_function.path={scorer}",
+        "algorithm.filter_groups.enable=true", "data.gen_batch_size=12", "actor_rollout_ref.rollout.n=4",
+        "trainer.total_training_steps=1", f"trainer.rollout_data_dir={dump}",
+    )))
+    [row] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert row["train/num_gen_batches"] == 1 and row["train/kept_groups"] >= 4  # 12 prompts, ~half varied
+    uids = {json.loads(line)["uid"] for line in (dump / "1.jsonl").read_text().splitlines()}
+    assert len(uids) == 4
+
+
+def test_gen_batch_size_needs_dynamic_sampling(tiny_task_dir, tmp_path, tiny_model_dir):
+    from hybridflow.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="only makes sense with algorithm.filter_groups.enable=true"):
+        load_config(None, tiny_overrides(tiny_task_dir, tmp_path / "run", tiny_model_dir, "data.gen_batch_size=8"))
