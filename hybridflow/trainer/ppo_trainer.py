@@ -149,7 +149,9 @@ class PPOTrainer:
         while self.global_steps < self.total_training_steps:
             batch = DataProto.from_single_dict(next(batches))
             self.global_steps += 1
-            last = self.step(batch, more_batches=batches)
+            # Only DAPO dynamic sampling draws further batches inside a step.
+            dynamic = self.config.algorithm.filter_groups.enable
+            last = self.step(batch, more_batches=batches) if dynamic else self.step(batch)
             is_last = self.global_steps == self.total_training_steps
             if (is_last or self._due(trainer_cfg.test_freq, is_last)) and self.val_loader is not None:
                 last |= self.validate()

@@ -34,10 +34,10 @@ def main(argv: list[str]) -> dict[str, object]:
     if args.kill_rank is not None:
         real_step = trainer.step
 
-        def step_with_crash(batch):  # test-only: the crash happens at a known point of the run
+        def step_with_crash(batch, more_batches=None):  # test-only: the crash happens at a known point of the run
             if trainer.global_steps == args.at_step:
                 os.kill(hosts[args.kill_rank].pid, signal.SIGKILL)
-            return real_step(batch)
+            return real_step(batch, more_batches)
 
         trainer.step = step_with_crash
     try:
