@@ -8,7 +8,9 @@ Batches are ``tensordict.TensorDict`` objects with one batch dimension (``DataPr
 Work is expressed with two small functions supplied by the caller:
 
 * ``forward_fn(module, micro) -> {name: (b, ...) tensor}`` — one micro-batch forward
-  (e.g. :func:`hybridflow.engine.forward.response_log_probs`);
+  (e.g. :func:`hybridflow.engine.forward.response_log_probs`; one that declares a
+  ``prompt_cache`` parameter may be given the batch's prompts run once, see
+  :mod:`hybridflow.engine.shared_prompt`);
 * ``loss_fn(outputs, micro) -> (loss, metrics)`` — the micro-batch's share of the mini-batch
   loss. Losses are summed over micro-batches by ``backward``; the caller normalises with
   mini-batch-wide counts so the total does not depend on the split.
@@ -18,17 +20,15 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from tensordict import TensorDict
 
+from hybridflow.engine.inference import ForwardFn, LossFn
 from hybridflow.engine.micro_batch import MicroBatchSpec
 from hybridflow.utils.registry import Registry
-
-ForwardFn = Callable[[torch.nn.Module, TensorDict], dict[str, torch.Tensor]]
-LossFn = Callable[[dict[str, torch.Tensor], TensorDict], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 @dataclass(frozen=True)

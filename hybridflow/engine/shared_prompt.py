@@ -200,11 +200,6 @@ class PromptRows:
         self._cache = cache
         self._rows = rows
 
-    @property
-    def start(self) -> int:
-        """First prompt column the cache holds."""
-        return self._cache.start
-
     def dynamic_cache(self, start: int) -> DynamicCache:
         """These rows' prompt keys and values from column ``start`` (≥ :attr:`start`) on."""
         return self._cache.for_rows(self._rows, start)
