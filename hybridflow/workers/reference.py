@@ -23,6 +23,7 @@ from hybridflow.engine.inference import infer_micro_batches
 from hybridflow.models import load_model_and_tokenizer, policy_attn_implementation
 from hybridflow.protocol import DataProto
 from hybridflow.workers.actor import log_prob_temperature
+from hybridflow.utils.precision import resolve_compute_dtype
 from hybridflow.workers.engine_factory import autocast_dtype_for
 from hybridflow.workers.ppo_loop import micro_batch_spec, require_fields
 from hybridflow.workers.shared_policy import DEFAULT_SHARE_NAME, lookup_policy
@@ -60,7 +61,7 @@ class ReferenceWorker(Worker):
             return
         module, _ = load_model_and_tokenizer(
             model_cfg.path,
-            dtype=model_cfg.dtype,
+            dtype=resolve_compute_dtype(model_cfg.dtype, self.device),
             trust_remote_code=model_cfg.trust_remote_code,
             attn_implementation=policy_attn_implementation(self.config, self.device),
         )

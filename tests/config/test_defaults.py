@@ -18,7 +18,7 @@ def test_defaults_load_and_resolve_derived_values():
     assert isinstance(cfg, PPOConfig)
     assert cfg.algorithm.adv_estimator == "grpo"
     assert arr.rollout.name == "torch" and arr.rollout.n == 4
-    assert arr.model.path == "smollm2-135m-instruct" and arr.model.dtype == "bf16"
+    assert arr.model.path == "smollm2-135m-instruct" and arr.model.dtype == "auto"
     # "null = other key" defaults are filled in once, so consumers read plain values.
     assert arr.actor.clip_ratio_low == 0.2 and arr.actor.clip_ratio_high == 0.2
     assert arr.actor.strategy == "torch"

@@ -66,7 +66,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     # One intra-op thread: on a busy shared machine a 2-thread op waits for its descheduled peer.
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "hybridflow.cli", "serve", "--model", "tiny-llama", "--host", "127.0.0.1",
-           "--port", str(port), "--max-batch-rows", "32", "--log-level", "warning"]
+           "--port", str(port), "--max-batch-rows", "32", "--log-level", "warning",
+           "--dtype", "fp32"]  # the tests compare with an fp32 sampler in this process
     with log.open("w") as fh:
         process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
     srv = Server(f"http://127.0.0.1:{port}", process, log)

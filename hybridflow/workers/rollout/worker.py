@@ -24,6 +24,7 @@ from hybridflow.engine.base import TrainEngine
 from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.models import load_model_and_tokenizer, policy_attn_implementation
 from hybridflow.protocol import DataProto
+from hybridflow.utils.precision import resolve_compute_dtype
 from hybridflow.workers.rollout.base import ROLLOUTS, BaseRollout, NamedTensors
 from hybridflow.workers.rollout.weight_sync import iter_weight_buckets
 from hybridflow.workers.shared_policy import DEFAULT_SHARE_NAME, lookup_policy
@@ -55,6 +56,7 @@ class RolloutWorker(Worker):
     def init_model(self) -> None:
         """Borrow the colocated actor's module, or load an own copy; build the rollout engine."""
         model_cfg, rollout_cfg = self.config.model, self.config.rollout
+        compute_dtype = resolve_compute_dtype(model_cfg.dtype, self.device)
         shared = lookup_policy(self.share_name, self.rank) if self.share_name is not None else None
         if shared is not None and not shared.engine.shards_parameters:
             module, tokenizer = shared.module, shared.tokenizer
@@ -62,7 +64,7 @@ class RolloutWorker(Worker):
         else:
             module, tokenizer = load_model_and_tokenizer(
                 model_cfg.path,
-                dtype=model_cfg.dtype,
+                dtype=compute_dtype,
                 trust_remote_code=model_cfg.trust_remote_code,
                 attn_implementation=policy_attn_implementation(self.config, self.device),
             )
@@ -72,7 +74,7 @@ class RolloutWorker(Worker):
         if rollout_cfg.seed is None:
             rollout_cfg = replace(rollout_cfg, seed=self.seed)
         rollout_cls = ROLLOUTS.get(rollout_cfg.name)
-        self._rollout = rollout_cls(rollout_cfg, module, tokenizer, dtype=model_cfg.dtype)
+        self._rollout = rollout_cls(rollout_cfg, module, tokenizer, dtype=compute_dtype)
 
     @property
     def rollout(self) -> BaseRollout:
