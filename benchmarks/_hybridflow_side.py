@@ -56,6 +56,8 @@ def hybridflow_overrides(s: BenchSettings, max_prompt_length: int) -> list[str]:
         "data.shuffle=false",  # both sides take the file's prompts in order
         f"actor_rollout_ref.model.path={s.model}",
         f"actor_rollout_ref.model.dtype={s.dtype}",
+        f"actor_rollout_ref.model.attn_implementation={s.attn_implementation}",
+        f"actor_rollout_ref.rollout.ignore_eos={str(s.equal_work).lower()}",  # equal work: every response full length
         "actor_rollout_ref.model.enable_gradient_checkpointing=false",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={s.prompts_per_step}",  # one update per batch
         "actor_rollout_ref.actor.ppo_epochs=1",
@@ -100,6 +102,12 @@ def describe_work(trainer: Any) -> list[str]:
             "attending to its keys/values (engine/shared_prompt.py: the same outputs, prompt compute ÷ rollout.n)"
             if shares_prompts_by_config(trainer.config) else "run for every row"
         ),
+        "rollout prefill: each distinct prompt once (its samples copy its cache rows), and the prefix every "
+        "prompt shares (system prompt, template header) once for the batch",
+        "rollout decode: rows that stopped are dropped from the decode batch (none stop in equal-work mode)",
+        "micro-batches: rows sorted by length, each micro-batch cut to its longest row",
+        "reference: " + ("a frozen bf16 copy of the weights (no per-pass cast of fp32 weights)"
+                         if trainer.config.actor_rollout_ref.model.dtype == "bf16" else "the fp32 weights"),
         "entropy: computed in every update forward (logged, no gradient)",
         "rewards: naive manager, scorer in a kept worker process (per-item timeout)",
     ]
@@ -151,7 +159,7 @@ def run(settings: BenchSettings) -> dict[str, Any]:
     import torch
 
     from hybridflow.config import load_config
-    from hybridflow.models import load_tokenizer, resolve_model_path
+    from hybridflow.models import load_tokenizer, policy_attn_implementation, resolve_model_path
     from hybridflow.trainer.main_ppo import build_trainer
 
     torch.set_num_threads(settings.threads)
@@ -177,6 +185,7 @@ def run(settings: BenchSettings) -> dict[str, Any]:
         "side": "hybridflow", "setup_s": setup_s, "warmup_steps": settings.warmup_steps,
         "rows_per_step": settings.rows_per_step, "max_prompt_length": prompt_len, "steps": steps, "evals": evals,
         "work": describe_work(trainer), "first_prompt_ids": first_prompts,
+        "attn_implementation": policy_attn_implementation(trainer.config.actor_rollout_ref, "cpu"),
         "peak_rss_self_mb": self_mb, "peak_rss_children_mb": children_mb, "torch_threads": torch.get_num_threads(),
     }
 

@@ -76,7 +76,11 @@ def grpo_config(s: BenchSettings, max_steps: int) -> GRPOConfig:
         data_seed=s.seed,
         bf16=s.dtype == "bf16",  # fp32 master weights, bf16 autocast (as hybridflow's dtype=bf16)
         fp16=False,
-        model_init_kwargs={"dtype": torch.float32},
+        # the attention kernel hybridflow picked for these rows: a kernel choice is no framework win
+        model_init_kwargs={"dtype": torch.float32}
+        | ({"attn_implementation": s.attn_implementation} if s.attn_implementation != "auto" else {}),
+        # equal work: EOS is suppressed until max_completion_length, so every response is full length
+        generation_kwargs={"min_new_tokens": s.max_new_tokens} if s.equal_work else None,
         gradient_checkpointing=False,  # TRL's default is True; hybridflow's is False
         learning_rate=s.lr,
         weight_decay=s.weight_decay,
@@ -263,6 +267,7 @@ def run(settings: BenchSettings) -> dict[str, Any]:
         "rows_per_step": settings.rows_per_step, "steps": steps, "evals": clock.evals,
         "generations_per_step": len(trainer.generations) / max(len(clock.step_times), 1),
         "work": describe_work(trainer, settings, len(clock.step_times)), "first_prompt_ids": first,
+        "attn_implementation": trainer.model.config._attn_implementation,
         "peak_rss_self_mb": self_mb, "peak_rss_children_mb": children_mb, "torch_threads": torch.get_num_threads(),
     }
 

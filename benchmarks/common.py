@@ -43,7 +43,11 @@ class BenchSettings:
 
     ``micro_batch`` is the number of responses per forward/backward pass (and per reference
     log-prob pass); ``prompts_per_step × samples_per_prompt`` responses make one optimizer
-    step. ``budget_s`` switches a side to the learning mode: train until that much training
+    step. ``dtype`` is the resolved compute dtype (the parent resolves ``auto`` once, see
+    :func:`hardware_facts`); ``attn_implementation`` is the kernel hybridflow picks, given to
+    both sides. ``equal_work``: every response is exactly ``max_new_tokens`` long on both sides
+    (hybridflow ``rollout.ignore_eos``, TRL ``min_new_tokens``), so sampled lengths cannot move
+    a ratio. ``budget_s`` switches a side to the learning mode: train until that much training
     time has passed, measuring greedy accuracy on ``test_file`` every ``eval_every_s``
     seconds of training time (evaluation time is not counted).
     """
@@ -62,6 +66,8 @@ class BenchSettings:
     grad_clip: float = 1.0
     micro_batch: int = 8
     dtype: str = "fp32"
+    attn_implementation: str = "eager"
+    equal_work: bool = False
     seed: int = 1
     threads: int = 1
     warmup_steps: int = 1
@@ -310,15 +316,68 @@ def compare(hybridflow: dict[str, Any], trl: dict[str, Any]) -> dict[str, float]
     }
 
 
+# Environment variables that cap the instruction set torch / oneDNN / MKL use: set, they make
+# a CPU with native bf16 behave like an AVX2-only one (how the slow kind is emulated).
+ISA_CAPS: tuple[str, ...] = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
 def machine_facts() -> dict[str, Any]:
-    """Cores, load and package versions (read from metadata: nothing heavy is imported)."""
+    """CPU model and flags, cores, load, ISA caps in effect and package versions (read from
+    /proc and metadata: nothing heavy is imported)."""
+    sys.path.insert(0, str(REPO_ROOT))
+    from hybridflow.utils.cpu import cpu_flags, cpu_model, reported_flags
+
     versions = {}
     for name in ("torch", "transformers", "trl", "accelerate"):
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
-    return {"cores": os.cpu_count(), "loadavg": list(os.getloadavg()), "python": sys.version.split()[0], **versions}
+    return {"cpu": cpu_model(), "cpu_flags": reported_flags(cpu_flags()), "cores": os.cpu_count(),
+            "isa_caps": {k: os.environ[k] for k in ISA_CAPS if k in os.environ},
+            "loadavg": list(os.getloadavg()), "python": sys.version.split()[0], **versions}
+
+
+_HARDWARE_SNIPPET = """
+import json, sys, torch
+from hybridflow.models.attention import choose_attn_implementation
+from hybridflow.utils.precision import describe_compute_dtype
+torch.set_num_threads(int(sys.argv[3]))
+auto, chosen = describe_compute_dtype("auto"), describe_compute_dtype(sys.argv[1])
+print(json.dumps({"dtype": chosen.dtype, "dtype_requested": sys.argv[1], "auto_decision": auto.line(),
+                  "dtype_warning": chosen.warning, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                  "attn_implementation": choose_attn_implementation("auto", "cpu", int(sys.argv[2]))}))
+"""
+
+
+def hardware_facts(dtype: str, max_tokens: int, threads: int) -> dict[str, Any]:
+    """What hybridflow decides on this machine, asked in a child process (torch stays out of the
+    parent): the compute dtype for ``dtype`` (``auto`` resolved by the probe), the line the
+    auto rule prints, torch's CPU capability and the attention kernel for rows of ``max_tokens``."""
+    out = subprocess.run(
+        [sys.executable, "-c", _HARDWARE_SNIPPET, dtype, str(max_tokens), str(threads)],
+        capture_output=True, text=True, check=True, cwd=REPO_ROOT, env=child_env(threads),
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def cpu_kind(machine: dict[str, Any], hardware: dict[str, Any]) -> str:
+    """Short name of the CPU kind for titles: native bf16 or not, and whether the ISA was capped."""
+    native = hardware["auto_decision"].startswith("compute dtype: bf16")
+    caps = " (ISA capped to emulate it)" if machine.get("isa_caps") else ""
+    return ("native-bf16 CPU" if native else "CPU without native bf16") + caps
+
+
+def describe_machine(machine: dict[str, Any], hardware: dict[str, Any], threads: int) -> list[str]:
+    """Header lines of a report: the CPU, its flags, the caps in effect and the dtype decision."""
+    caps = ", ".join(f"{k}={v}" for k, v in machine.get("isa_caps", {}).items())
+    return [
+        f"CPU: {machine['cpu']} ({machine['cores']} cores; flags: {' '.join(machine['cpu_flags']) or 'none of note'}; "
+        f"torch CPU capability {hardware['torch_cpu_capability']}{'; ISA capped: ' + caps if caps else ''}), "
+        f"{threads} torch threads",
+        f"{hardware['auto_decision']}; this run: {hardware['dtype']}"
+        + (f" (requested {hardware['dtype_requested']})" if hardware["dtype_requested"] != "auto" else " (auto)"),
+    ]
 
 
 # ---------------------------------------------------------------------------------- report
@@ -349,7 +408,8 @@ def format_speed_report(settings: BenchSettings, hybridflow: dict[str, Any], trl
     ]
     lines = [
         f"GRPO step, {settings.prompts_per_step} prompts × {settings.samples_per_prompt} samples, "
-        f"≤ {settings.max_new_tokens} new tokens, {settings.dtype}, {settings.threads} threads, "
+        + (f"exactly {settings.max_new_tokens}" if settings.equal_work else f"≤ {settings.max_new_tokens}")
+        + f" new tokens, {settings.dtype}, attention {settings.attn_implementation}, {settings.threads} threads, "
         f"{settings.steps} timed step(s) after {settings.warmup_steps} warm-up",
         f"{'':30} {'hybridflow':>14} {'TRL':>14} {'TRL/hybridflow':>15}",
     ]

@@ -33,7 +33,17 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from common import SIDES, BenchSettings, machine_facts, run_side, write_arithmetic_task, write_json  # noqa: E402
+from common import (  # noqa: E402
+    SIDES,
+    BenchSettings,
+    cpu_kind,
+    describe_machine,
+    hardware_facts,
+    machine_facts,
+    run_side,
+    write_arithmetic_task,
+    write_json,
+)
 
 FAST_MODEL = "tiny-llama"
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -55,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--kl-coef", type=float, default=0.001)
     parser.add_argument("--micro-batch", type=int, default=8)
-    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="compute dtype of both sides; auto = hybridflow's rule on this CPU (default)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--sides", default="hybridflow,trl", help="which sides, in running order")
@@ -65,15 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def side_settings(args: argparse.Namespace, model: str, data: Path, run_dir: Path) -> BenchSettings:
+def side_settings(args: argparse.Namespace, model: str, data: Path, run_dir: Path, dtype: str,
+                  attn_implementation: str = "auto") -> BenchSettings:
     budget_s = args.budget_min * 60
     every_s = (args.eval_every_min * 60) if args.eval_every_min else budget_s / 5
     return BenchSettings(
         model=model, train_file=str(data / "train.parquet"), test_file=str(data / "test.parquet"),
         run_dir=str(run_dir), prompts_per_step=args.prompts, samples_per_prompt=args.samples,
         max_new_tokens=args.max_new_tokens, lr=args.lr, kl_coef=args.kl_coef, micro_batch=args.micro_batch,
-        dtype=args.dtype, seed=args.seed, threads=args.threads, warmup_steps=0, budget_s=budget_s,
-        eval_every_s=every_s,
+        dtype=dtype, attn_implementation=attn_implementation, seed=args.seed, threads=args.threads, warmup_steps=0,
+        budget_s=budget_s, eval_every_s=every_s,
     )
 
 
@@ -137,16 +149,21 @@ def main(argv: list[str] | None = None) -> int:
     model = str(resolve_model_path(args.model or (FAST_MODEL if args.fast else DEFAULT_MODEL)))
     data = write_arithmetic_task(work / "data", args.train_size, args.test_size, digits=args.digits)
     machine = machine_facts()
+    hardware = hardware_facts(args.dtype, 64 + args.max_new_tokens, args.threads)
+    print("\n".join(describe_machine(machine, hardware, args.threads)), flush=True)
+    dtype, attn = hardware["dtype"], hardware["attn_implementation"]
     results = {}
     for side in sides:
         print(f"running the {side} side for {args.budget_min:g} training minutes ...", flush=True)
-        results[side] = run_side(side, side_settings(args, model, data, work / side), timeout_s=None)
-    settings = side_settings(args, model, data, work)
-    title = (f"{Path(model).name}, {args.dtype}, {args.prompts}×{args.samples} per step, lr {args.lr:g}, "
+        results[side] = run_side(side, side_settings(args, model, data, work / side, dtype, attn if side == "trl" else "auto"),
+                                 timeout_s=None)
+    settings = side_settings(args, model, data, work, dtype)
+    title = (f"{Path(model).name}, {dtype} on a {cpu_kind(machine, hardware)}, {args.prompts}×{args.samples} per step, lr {args.lr:g}, "
              f"β {args.kl_coef:g}, {args.test_size} test prompts, threads={args.threads}")
     png = plot(results, title, Path(args.png) if args.png else work / "learning_vs_trl.png")
     out = Path(args.out) if args.out else work / "learning_vs_trl.json"
-    write_json(out, {"settings": asdict(settings), "machine": machine, "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+    write_json(out, {"settings": asdict(settings), "machine": machine, "hardware": hardware, "threads": args.threads,
+                     "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
                      "summary": {side: side_summary(r) for side, r in results.items()}, **results})
     print(markdown_rows(results))
     print(f"plot: {png}\nresult: {out}")

@@ -113,9 +113,9 @@ class ActorConfig:
     strategy: str = setting(
         "auto", "training engine: torch (one process), fsdp (several), or auto = torch for one process else fsdp"
     )
-    ppo_mini_batch_size: int = setting(8, "prompts per optimizer step (global; × rollout.n responses)", ge=1)
+    ppo_mini_batch_size: int = setting(4, "prompts per optimizer step (global; × rollout.n responses)", ge=1)
     ppo_micro_batch_size_per_gpu: int = setting(
-        16, "responses per forward/backward pass on one device (gradient accumulation)", ge=1
+        8, "responses per forward/backward pass on one device (gradient accumulation)", ge=1
     )
     use_dynamic_bsz: bool = setting(False, "form micro-batches by token budget instead of by count")
     ppo_max_token_len_per_gpu: int = setting(16384, "token budget of one micro-batch when use_dynamic_bsz", ge=1)
@@ -136,7 +136,9 @@ class ActorConfig:
     )
     grad_clip: float = setting(1.0, "max global gradient norm", gt=0)
     entropy_from_logits_with_chunking: bool = setting(False, "compute entropy in vocabulary chunks to save memory")
-    optim: OptimConfig = section(OptimConfig, "actor optimizer")
+    optim: OptimConfig = section(
+        lambda: OptimConfig(lr=2e-5), "actor optimizer (lr defaults to 2e-5: the CPU demo's GRPO, see docs/training.md)"
+    )
     policy_loss: PolicyLossConfig = section(PolicyLossConfig, "policy loss selection and its scalars")
 
 

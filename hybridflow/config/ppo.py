@@ -35,8 +35,8 @@ class DataConfig:
     prompt_key: str = setting("prompt", "column holding the chat messages of the prompt")
     reward_fn_key: str = setting("data_source", "column that selects the scoring function")
     max_prompt_length: int = setting(128, "prompt tokens after templating; prompts are left-padded to it", ge=1)
-    max_response_length: int = setting(48, "max generated tokens per response", ge=1)
-    train_batch_size: int = setting(8, "prompts per training step (each sampled rollout.n times)", ge=1)
+    max_response_length: int = setting(32, "max generated tokens per response", ge=1)
+    train_batch_size: int = setting(4, "prompts per training step (each sampled rollout.n times)", ge=1)
     gen_batch_size: int | None = setting(
         None,
         "prompts per generation batch; null = train_batch_size. Larger only with algorithm.filter_groups.enable "

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from hybridflow.controller.dispatch import MeshRank
+from hybridflow.utils.allocator import keep_freed_memory
 
 __all__ = ["RankInfo", "Worker", "rank_context", "current_rank_info", "find_free_port", "get_node_ip"]
 
@@ -121,6 +122,7 @@ class Worker:
     """Base class for everything a worker group places on a rank."""
 
     def __init__(self) -> None:
+        keep_freed_memory()  # a Ray actor's process runs no entry point's main()
         self._rank_info = current_rank_info()
         self._dispatch_info: dict[str, MeshRank] = {}
 

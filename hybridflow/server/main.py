@@ -25,6 +25,7 @@ from hybridflow.server.engine import GenerationEngine
 from hybridflow.server.text import TextCodec
 from hybridflow.utils.precision import resolve_compute_dtype
 from hybridflow.workers.rollout.torch_rollout import DECODERS
+from hybridflow.utils.allocator import keep_freed_memory
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -99,6 +100,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    keep_freed_memory()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     import uvicorn  # only the serve command needs the ASGI server
 

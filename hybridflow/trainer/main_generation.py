@@ -44,6 +44,7 @@ from hybridflow.trainer.generation_journal import GenerationJournal
 from hybridflow.trainer.main_ppo import ensure_builtin_task_files, resolve_device
 from hybridflow.workers.rollout.base import BaseRollout
 from hybridflow.workers.rollout.torch_rollout import TorchRollout
+from hybridflow.utils.allocator import keep_freed_memory
 
 # --- config --------------------------------------------------------------------------------
 
@@ -244,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="key=value, e.g. data.path=test.parquet data.n_samples=4")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    keep_freed_memory()
     try:
         cfg = load_generation_config(args.config, args.overrides)
         torch.manual_seed(cfg.seed)

@@ -27,6 +27,7 @@ from hybridflow.workers.critic import CriticWorker
 from hybridflow.workers.placement import actor_rollout_ref_roles
 from hybridflow.workers.reward import build_reward_manager, load_custom_reward_function
 from hybridflow.workers.rollout.worker import RolloutWorker
+from hybridflow.utils.allocator import keep_freed_memory
 
 BUILTIN_DATA_ROOT = Path("~/data/hybridflow").expanduser()
 
@@ -177,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.adv_estimator=rloo")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    keep_freed_memory()
     try:
         config = load_config(args.config, args.overrides)
     except ConfigError as exc:

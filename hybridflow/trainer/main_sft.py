@@ -28,6 +28,7 @@ from hybridflow.trainer.main_ppo import ensure_builtin_task_files, resolve_devic
 from hybridflow.trainer.sft_trainer import HF_FOLDER, SFTTrainer
 from hybridflow.workers.engine_factory import build_engine
 from hybridflow.workers.ppo_loop import micro_batch_spec
+from hybridflow.utils.allocator import keep_freed_memory
 
 
 def build_sft_loaders(config: SFTConfig, tokenizer) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
@@ -116,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.max_length=512 model.lora_rank=8")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    keep_freed_memory()
     try:
         config = load_sft_config(args.config, args.overrides)
     except ConfigError as exc:

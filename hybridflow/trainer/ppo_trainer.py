@@ -232,11 +232,15 @@ class PPOTrainer:
         batch.non_tensor_batch[F.UID] = uids
         return batch.repeat(repeat_times=n, interleave=True)
 
-    def generate(self, batch: DataProto, validate: bool = False, gen_batch: int = 0) -> DataProto:
+    def generate(
+        self, batch: DataProto, validate: bool = False, gen_batch: int = 0, progress_desc: str | None = None
+    ) -> DataProto:
         """1: sample one response per row; the step number (and generation batch) seeds the
-        sampler (resumable)."""
+        sampler (resumable). ``progress_desc``: the rollout shows a progress bar with this title."""
         prompts = batch.pop(batch_keys=[F.INPUT_IDS, F.ATTENTION_MASK, F.POSITION_IDS])
         prompts.meta_info.update(self._sampling_meta(validate, gen_batch))
+        if progress_desc:
+            prompts.meta_info["progress_desc"] = progress_desc
         output = self.workers.rollout.generate_sequences(prompts)
         return output.union(batch)
 
@@ -391,10 +395,13 @@ class PPOTrainer:
         """Greedy (val_kwargs) responses on the whole validation set, scored per data source."""
         vk = self.config.actor_rollout_ref.rollout.val_kwargs
         sources, prompt_ids, scores, preds, samples = [], [], [], [], []
+        started, batches = time.perf_counter(), len(self.val_loader)
         for start, batch_dict in enumerate(self.val_loader):
             batch = DataProto.from_single_dict(batch_dict)
             batch.non_tensor_batch[F.UID] = np.array([f"val{start}-{i}" for i in range(len(batch))], dtype=object)
-            batch = self.generate(batch.repeat(vk.n, interleave=True), validate=True)
+            # The rollout draws a bar over the response tokens: a long validation shows progress.
+            desc = f"validation {start + 1}/{batches}" if batches > 1 else f"validation ({len(batch)} prompts)"
+            batch = self.generate(batch.repeat(vk.n, interleave=True), validate=True, progress_desc=desc)
             token_scores, extra = self.val_reward_fn(batch)
             row_scores = token_scores.sum(-1).tolist()
             sources += batch.non_tensor_batch[F.DATA_SOURCE].tolist()
@@ -405,6 +412,7 @@ class PPOTrainer:
         metrics = validation_metrics(sources, prompt_ids, scores, preds if len(preds) == len(scores) else None)
         means = [v for k, v in metrics.items() if "/mean@" in k]
         metrics["val-core/mean"] = float(np.mean(means)) if means else float("nan")
+        metrics["timing_s/testing"] = time.perf_counter() - started
         self._print_samples(samples)
         return metrics
 

@@ -26,15 +26,14 @@ import sys
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 import torch
+
+from hybridflow.utils.cpu import cpu_flags
 
 COMPUTE_DTYPES: tuple[str, ...] = ("auto", "fp32", "bf16")
 # Flags that mean a native bf16 dot product / matmul unit.
 BF16_FLAGS: tuple[str, ...] = ("avx512_bf16", "amx_bf16", "bf16")
-# Flags worth naming in a report (benchmarks print them too).
-REPORTED_FLAGS: tuple[str, ...] = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "bf16", "asimd", "sve")
 PROBE_SIZE = 256
 MIN_BF16_SPEEDUP = 1.0  # bf16 must beat fp32 outright; measured 3.7× (avx512_bf16) vs 0.02× (AVX2)
 
@@ -64,33 +63,6 @@ class DtypeChoice:
 
     def line(self) -> str:
         return f"compute dtype: {self.dtype} ({self.reason})"
-
-
-def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str] | None:
-    """The CPU's feature flags (``flags`` on x86, ``Features`` on ARM), or None if unreadable."""
-    try:
-        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return None
-
-
-def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
-    """The CPU model name (``model name`` line), or the platform's processor string."""
-    try:
-        for line in Path(cpuinfo).read_text(encoding="utf-8", errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("model name", "Model", "Hardware") and value.strip():
-                return value.strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine() or "unknown"
 
 
 def _gflops(dtype: torch.dtype, size: int, repeats: int) -> float:

@@ -29,11 +29,33 @@ def smoke_result(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     work = tmp_path_factory.mktemp("grpo_vs_trl")
     out = work / "result.json"
     cmd = [sys.executable, str(BENCH_DIR / "grpo_vs_trl.py"), "--model", str(tiny_model_dir), "--warmup", "1",
-           "--steps", "1", "--max-new-tokens", "16", "--threads", "1", "--work-dir", str(work), "--out", str(out), "--timeout", "240"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+           "--steps", "1", "--repeats", "1", "--modes", "equal,free", "--max-new-tokens", "16", "--threads", "1",
+           "--work-dir", str(work), "--out", str(out), "--timeout", "240"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "TRL/hybridflow" in proc.stdout
-    return json.loads(out.read_text())
+    assert "TRL/hybridflow" in proc.stdout and "=== mode equal" in proc.stdout and "=== mode free" in proc.stdout
+    assert "compute dtype:" in proc.stdout and "CPU:" in proc.stdout
+    result = json.loads(out.read_text())
+    return result["modes"]["free"]["repetitions"][0] | {"_all": result}
+
+
+def test_the_report_names_the_cpu_and_the_dtype_decision(smoke_result):
+    result = smoke_result["_all"]
+    assert result["machine"]["cpu"] and isinstance(result["machine"]["cpu_flags"], list)
+    assert result["hardware"]["dtype"] in ("fp32", "bf16") and result["hardware"]["dtype_requested"] == "auto"
+    assert result["hardware"]["auto_decision"].startswith("compute dtype: " + result["hardware"]["dtype"])
+    assert result["settings"]["dtype"] == result["hardware"]["dtype"]
+    for mode in ("equal", "free"):
+        rep = result["modes"][mode]["repetitions"][0]
+        # TRL gets the attention kernel hybridflow picked
+        assert rep["trl"]["attn_implementation"] == rep["hybridflow"]["attn_implementation"] == "eager"
+
+
+def test_equal_work_mode_generates_every_token_on_both_sides(smoke_result):
+    rep = smoke_result["_all"]["modes"]["equal"]["repetitions"][0]
+    for side in ("hybridflow", "trl"):
+        for step in rep[side]["steps"]:
+            assert step["gen_tokens"] == 32 * 16  # 8 prompts × 4 samples × exactly 16 tokens
 
 
 def test_both_sides_ran_two_steps_on_the_same_prompts(smoke_result):
@@ -67,12 +89,26 @@ def test_one_generation_and_one_update_per_step_on_both_sides(smoke_result):
 
 def test_ratios_and_summary_are_consistent(smoke_result):
     summary, ratios = smoke_result["summary"], smoke_result["ratios"]
+    mode = smoke_result["_all"]["modes"]["free"]["ratio_summary"]["step_time_trl_over_hybridflow"]
+    assert mode["values"] == [ratios["step_time_trl_over_hybridflow"]] and mode["min"] == mode["median"] == mode["max"]
     hf, trl = summary["hybridflow"], summary["trl"]
     assert ratios["step_time_trl_over_hybridflow"] == pytest.approx(trl["median_step_s"] / hf["median_step_s"])
     assert ratios["peak_rss_trl_over_hybridflow"] == pytest.approx(
         smoke_result["trl"]["peak_rss_self_mb"] / smoke_result["hybridflow"]["peak_rss_self_mb"]
     )
     assert all(math.isfinite(v) and v > 0 for v in ratios.values())
+
+
+def test_repetitions_alternate_and_the_median_is_reported(bench):
+    gvt = bench("grpo_vs_trl")
+    assert [gvt.side_order(["hybridflow", "trl"], r) for r in range(3)] == [
+        ["hybridflow", "trl"], ["trl", "hybridflow"], ["hybridflow", "trl"]]
+    reps = [{"ratios": {"step_time_trl_over_hybridflow": v, "peak_rss_trl_over_hybridflow": 1.0}} for v in (3.4, 2.9, 3.1)]
+    summary = gvt.ratio_summary(reps)["step_time_trl_over_hybridflow"]
+    assert (summary["median"], summary["min"], summary["max"]) == (3.1, 2.9, 3.4)
+    assert gvt.median_repetition({"repetitions": reps}) is reps[2]
+    four = reps + [{"ratios": {"step_time_trl_over_hybridflow": 5.0, "peak_rss_trl_over_hybridflow": 1.0}}]
+    assert gvt.median_repetition({"repetitions": four}) is reps[2]  # the lower middle of 2.9, 3.1, 3.4, 5.0
 
 
 def test_summary_uses_timed_steps_only(bench):

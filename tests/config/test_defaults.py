@@ -22,18 +22,18 @@ def test_defaults_load_and_resolve_derived_values():
     # "null = other key" defaults are filled in once, so consumers read plain values.
     assert arr.actor.clip_ratio_low == 0.2 and arr.actor.clip_ratio_high == 0.2
     assert arr.actor.strategy == "torch"
-    assert arr.rollout.response_length == cfg.data.max_response_length == 48
+    assert arr.rollout.response_length == cfg.data.max_response_length == 32
     assert arr.rollout.prompt_length == cfg.data.max_prompt_length == 128
     assert arr.rollout.seed == cfg.data.seed == cfg.trainer.seed == 1
     assert arr.rollout.log_prob_use_dynamic_bsz is False and arr.ref.log_prob_use_dynamic_bsz is False
     assert arr.rollout.log_prob_max_token_len_per_gpu == arr.ref.log_prob_max_token_len_per_gpu == 16384
     assert arr.actor.policy_loss.rollout_correction.rollout_rs_threshold == 2.0
     assert cfg.critic.enable is False  # grpo needs no values
-    assert cfg.critic.model.path == "smollm2-135m-instruct" and cfg.critic.model.dtype == "bf16"
-    assert cfg.critic.ppo_mini_batch_size == 8 and cfg.critic.ppo_micro_batch_size_per_gpu == 16
-    assert cfg.critic.forward_micro_batch_size_per_gpu == 16 and cfg.critic.forward_max_token_len_per_gpu == 32768
+    assert cfg.critic.model.path == "smollm2-135m-instruct" and cfg.critic.model.dtype == "auto"
+    assert cfg.critic.ppo_mini_batch_size == 4 and cfg.critic.ppo_micro_batch_size_per_gpu == 8
+    assert cfg.critic.forward_micro_batch_size_per_gpu == 8 and cfg.critic.forward_max_token_len_per_gpu == 32768
     assert cfg.critic.ppo_epochs == 1 and cfg.critic.shuffle is False and cfg.critic.loss_agg_mode == "token-mean"
-    assert cfg.critic.strategy == "torch" and cfg.critic.optim.lr == 1e-5 and arr.actor.optim.lr == 1e-5
+    assert cfg.critic.strategy == "torch" and cfg.critic.optim.lr == 1e-5 and arr.actor.optim.lr == 2e-5
     assert cfg.trainer.default_local_dir == "checkpoints/hybridflow/default"
     assert cfg.trainer.logger == ("console",)
 

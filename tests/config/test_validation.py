@@ -128,10 +128,10 @@ def test_mini_batch_must_divide_train_batch():
 
 
 def test_micro_batch_must_divide_per_device_mini_batch():
-    # 8 prompts × 4 responses ÷ 2 processes = 16 rows per device; 3 does not divide 16.
+    # 4 prompts × 4 responses ÷ 2 processes = 8 rows per device; 3 does not divide 8.
     assert only_problem("trainer.n_gpus_per_node=2", f"{ARR}.actor.ppo_micro_batch_size_per_gpu=3") == (
         f"{ARR}.actor.ppo_micro_batch_size_per_gpu=3 must divide the per-device mini-batch "
-        "ppo_mini_batch_size × rollout.n ÷ (nnodes × n_gpus_per_node) = 8 × 4 ÷ 2 = 16"
+        "ppo_mini_batch_size × rollout.n ÷ (nnodes × n_gpus_per_node) = 4 × 4 ÷ 2 = 8"
     )
     # With token-budget batching the count-based micro-batch is not used.
     load_config(None, ["trainer.n_gpus_per_node=2", f"{ARR}.actor.ppo_micro_batch_size_per_gpu=3", f"{ARR}.actor.use_dynamic_bsz=true"])
@@ -152,7 +152,7 @@ def test_critic_batches_are_checked_only_when_the_critic_runs():
     load_config(None, bad_critic)  # grpo: no critic, so its batch sizes do not matter
     assert only_problem("algorithm.adv_estimator=gae", *bad_critic) == (
         "critic.ppo_micro_batch_size_per_gpu=5 must divide the per-device mini-batch "
-        "ppo_mini_batch_size × rollout.n ÷ (nnodes × n_gpus_per_node) = 8 × 4 ÷ 1 = 32"
+        "ppo_mini_batch_size × rollout.n ÷ (nnodes × n_gpus_per_node) = 4 × 4 ÷ 1 = 16"
     )
 
 

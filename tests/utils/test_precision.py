@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from hybridflow.utils import precision
-from hybridflow.utils.precision import MatmulProbe, choose_compute_dtype, cpu_flags, cpu_model
+from hybridflow.utils.cpu import cpu_flags, cpu_model
+from hybridflow.utils.precision import MatmulProbe, choose_compute_dtype
 
 # Rates measured on the two CPU kinds of this project (256² probe, 2 threads).
 FAST = MatmulProbe(fp32_gflops=171.0, bf16_gflops=632.0)  # avx512_bf16

@@ -105,8 +105,8 @@ def _rows(problems: list[tuple[str, int]], split: str, settings: ArithmeticSetti
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    # 120 training problems = 15 steps of 8 prompts: the embedded CPU demo's one epoch
-    add_size_arguments(parser, train_size=120, test_size=200)
+    # 96 training problems = 24 steps of 4 prompts: the embedded CPU demo's one epoch
+    add_size_arguments(parser, train_size=96, test_size=200)
     parser.add_argument("--digits", type=int, default=2, help="operand digits (default 2: 10..99)")
     parser.add_argument("--min-value", type=int, default=None, help="smallest operand (overrides --digits)")
     parser.add_argument("--max-value", type=int, default=None, help="largest operand (overrides --digits)")

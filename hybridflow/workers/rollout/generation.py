@@ -13,6 +13,7 @@ quarter of the decode work wasted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -77,8 +78,10 @@ def generate(
     params: SamplingParams,
     pad_token_id: int,
     generator: torch.Generator | None = None,
+    on_token: Callable[[int, int], None] | None = None,
 ) -> Generated:
-    """Sample ``params.n`` responses for each left-padded prompt row."""
+    """Sample ``params.n`` responses for each left-padded prompt row. ``on_token(t, live)``
+    is called after each sampled position ``t`` (1-based) with the number of unfinished rows."""
     _check_prompts(input_ids, attention_mask, position_ids)
     steps = params.max_new_tokens
     unique, which = distinct_prompts(input_ids, attention_mask, position_ids)
@@ -110,6 +113,8 @@ def generate(
             hit = alive & torch.isin(tokens, stop)
             out.lengths[row_ids[hit]] = t + 1
             alive &= ~hit
+        if on_token is not None:
+            on_token(t + 1, int(alive.sum()))
         if t == steps - 1 or not bool(alive.any()):
             break
         dead = int(alive.numel() - alive.sum())

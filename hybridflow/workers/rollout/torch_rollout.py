@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from hybridflow import fields as F
 from hybridflow.config.actor_rollout_ref import RolloutConfig
@@ -171,7 +172,18 @@ class TorchRollout(BaseRollout):
         generator = self.generator
         if "seed" in meta:
             generator = torch.Generator(device=input_ids.device).manual_seed(int(meta["seed"]))
-        out = generate(self.decoder, input_ids, attention_mask, position_ids, params, pad, generator)
+        desc = meta.get("progress_desc")
+        if not desc:
+            out = generate(self.decoder, input_ids, attention_mask, position_ids, params, pad, generator)
+            return self._to_dataproto(prompts, params.n, out)
+        rows = input_ids.shape[0] * params.n
+        with tqdm(total=params.max_new_tokens, desc=desc, unit="tok", leave=False) as bar:
+
+            def on_token(t: int, live: int) -> None:
+                bar.set_postfix(rows_left=f"{live}/{rows}", refresh=False)
+                bar.update(t - bar.n)
+
+            out = generate(self.decoder, input_ids, attention_mask, position_ids, params, pad, generator, on_token)
         return self._to_dataproto(prompts, params.n, out)
 
     def _to_dataproto(self, prompts: DataProto, n: int, out: Generated) -> DataProto:
