@@ -137,7 +137,7 @@ class ActorConfig:
     grad_clip: float = setting(1.0, "max global gradient norm", gt=0)
     entropy_from_logits_with_chunking: bool = setting(False, "compute entropy in vocabulary chunks to save memory")
     optim: OptimConfig = section(
-        lambda: OptimConfig(lr=2e-5), "actor optimizer (lr defaults to 2e-5: the CPU demo's GRPO, see docs/training.md)"
+        lambda: OptimConfig(lr=1.5e-5), "actor optimizer (lr defaults to 1.5e-5: the CPU demo's GRPO, see docs/training.md)"
     )
     policy_loss: PolicyLossConfig = section(PolicyLossConfig, "policy loss selection and its scalars")
 

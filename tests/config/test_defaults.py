@@ -33,7 +33,7 @@ def test_defaults_load_and_resolve_derived_values():
     assert cfg.critic.ppo_mini_batch_size == 4 and cfg.critic.ppo_micro_batch_size_per_gpu == 8
     assert cfg.critic.forward_micro_batch_size_per_gpu == 8 and cfg.critic.forward_max_token_len_per_gpu == 32768
     assert cfg.critic.ppo_epochs == 1 and cfg.critic.shuffle is False and cfg.critic.loss_agg_mode == "token-mean"
-    assert cfg.critic.strategy == "torch" and cfg.critic.optim.lr == 1e-5 and arr.actor.optim.lr == 2e-5
+    assert cfg.critic.strategy == "torch" and cfg.critic.optim.lr == 1e-5 and arr.actor.optim.lr == 1.5e-5
     assert cfg.trainer.default_local_dir == "checkpoints/hybridflow/default"
     assert cfg.trainer.logger == ("console",)
 

@@ -35,7 +35,7 @@ def test_doc_lists_every_key_and_every_verl_pattern():
 def test_defaults_yaml_loads_back_to_the_defaults():
     assert load_config([str(PPO_YAML)]) == load_config()
     tree = read_yaml_file(PPO_YAML)
-    assert tree["actor_rollout_ref"]["actor"]["optim"]["lr"] == 2e-5
+    assert tree["actor_rollout_ref"]["actor"]["optim"]["lr"] == 1.5e-5
     assert tree["actor_rollout_ref"]["actor"]["clip_ratio_low"] is None  # unresolved on purpose
 
 
