@@ -14,6 +14,7 @@ from hybridflow.protocol.batch_ops import (
     unpad_dataproto,
 )
 from hybridflow.protocol.dataproto import AUTO_PADDING_KEY, DataProto, DataProtoItem
+from hybridflow.protocol.errors import DataProtoError, DataProtoKeyError, DataProtoTypeError
 from hybridflow.protocol.future import DataProtoFuture
 from hybridflow.protocol.merge import (
     deep_equal,
@@ -22,17 +23,30 @@ from hybridflow.protocol.merge import (
     union_tensor_dict,
     union_two_dict,
 )
+from hybridflow.protocol.serialization import (
+    deserialize_single_tensor,
+    deserialize_tensordict,
+    serialize_single_tensor,
+    serialize_tensordict,
+)
 
 __all__ = [
     "AUTO_PADDING_KEY",
     "DataProto",
+    "DataProtoError",
     "DataProtoFuture",
     "DataProtoItem",
+    "DataProtoKeyError",
+    "DataProtoTypeError",
     "collate_fn",
     "deep_equal",
+    "deserialize_single_tensor",
+    "deserialize_tensordict",
     "fold_batch_dim",
     "list_of_dict_to_dict_of_list",
     "pad_dataproto_to_divisor",
+    "serialize_single_tensor",
+    "serialize_tensordict",
     "unfold_batch_dim",
     "union_numpy_dict",
     "union_tensor_dict",

@@ -12,6 +12,7 @@ from tensordict import TensorDict
 from hybridflow.protocol.dataproto import DataProto, DataProtoItem
 from hybridflow.protocol.merge import list_of_dict_to_dict_of_list
 from hybridflow.protocol.rows import check_positive_int, object_array
+from hybridflow.protocol.errors import DataProtoError, DataProtoTypeError
 
 
 def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
@@ -20,20 +21,20 @@ def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataPr
     3 rows to a multiple of 7 → rows 0,1,2,0,1,2,0. Returns ``(padded, pad_size)``.
     """
     if not isinstance(data, DataProto):
-        raise TypeError(f"pad_dataproto_to_divisor expects a DataProto, got {type(data).__name__}")
+        raise DataProtoTypeError(f"pad_dataproto_to_divisor expects a DataProto, got {type(data).__name__}")
     check_positive_int("size_divisor", size_divisor)
     pad_size = (-len(data)) % size_divisor
     if pad_size == 0:
         return data, 0
     if len(data) == 0:
-        raise ValueError("cannot pad an empty DataProto: there is no row to copy")
+        raise DataProtoError("cannot pad an empty DataProto: there is no row to copy")
     return data.select_idxs(np.arange(len(data) + pad_size) % len(data)), pad_size
 
 
 def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
     """Drop the last ``pad_size`` rows (the padding added by :func:`pad_dataproto_to_divisor`)."""
     if not 0 <= pad_size <= len(data):
-        raise ValueError(f"pad_size must be in [0, {len(data)}], got {pad_size}")
+        raise DataProtoError(f"pad_size must be in [0, {len(data)}], got {pad_size}")
     return data if pad_size == 0 else data[: len(data) - pad_size]
 
 
@@ -42,7 +43,7 @@ def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
     ``(new_batch_size, B/new_batch_size, ...)``, arrays likewise."""
     check_positive_int("new_batch_size", new_batch_size)
     if len(data) % new_batch_size != 0:
-        raise ValueError(f"fold_batch_dim: {len(data)} rows do not divide into {new_batch_size}")
+        raise DataProtoError(f"fold_batch_dim: {len(data)} rows do not divide into {new_batch_size}")
     group = len(data) // new_batch_size
     batch = None
     if data.batch is not None:
@@ -59,7 +60,7 @@ def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
     columns += list(data.non_tensor_batch.items())
     leading = {tuple(v.shape[:batch_dims]) for _, v in columns}
     if len(leading) > 1 or any(v.ndim < batch_dims for _, v in columns):
-        raise ValueError(
+        raise DataProtoError(
             f"unfold_batch_dim: every key needs the same first {batch_dims} dims, got {sorted(leading)}"
         )
     rows = math.prod(next(iter(leading))) if leading else 0
@@ -74,13 +75,13 @@ def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
 def collate_fn(x: Sequence[DataProtoItem]) -> DataProto:
     """Stack single rows (e.g. from a DataLoader over a DataProto) into one DataProto."""
     if len(x) == 0:
-        raise ValueError("collate_fn needs at least one DataProtoItem")
+        raise DataProtoError("collate_fn needs at least one DataProtoItem")
     batch = None
     if x[0].batch is not None:
         batch = torch.stack([item.batch for item in x]).contiguous()
     key_sets = [sorted(item.non_tensor_batch) for item in x]
     if any(keys != key_sets[0] for keys in key_sets):
-        raise ValueError(f"collate_fn: items have different non-tensor keys: {key_sets[0]} vs others")
+        raise DataProtoError(f"collate_fn: items have different non-tensor keys: {key_sets[0]} vs others")
     columns = list_of_dict_to_dict_of_list([item.non_tensor_batch for item in x])
     arrays = {key: object_array(values) for key, values in columns.items()}
     return DataProto(batch=batch, non_tensor_batch=arrays, meta_info=dict(x[0].meta_info))

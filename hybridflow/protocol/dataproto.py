@@ -39,6 +39,7 @@ from hybridflow.protocol.rows import (
     unfold_or_repeat,
 )
 from hybridflow.protocol.tensordict_io import pack_tensordict, unpack_tensordict
+from hybridflow.protocol.errors import DataProtoError, DataProtoKeyError, DataProtoTypeError
 
 # verl's key, kept so batches (and their padding flag) move between the two frameworks.
 AUTO_PADDING_KEY = "_verl_auto_padding"
@@ -75,28 +76,28 @@ class DataProto:
     def check_consistency(self) -> None:
         """Raise if the parts disagree: one batch dim when there are non-tensors, equal lengths."""
         if self.batch is not None and not isinstance(self.batch, TensorDict):
-            raise TypeError(f"DataProto.batch must be a TensorDict or None, got {type(self.batch).__name__}")
+            raise DataProtoTypeError(f"DataProto.batch must be a TensorDict or None, got {type(self.batch).__name__}")
         if not isinstance(self.non_tensor_batch, dict):
-            raise TypeError(f"DataProto.non_tensor_batch must be a dict, got {type(self.non_tensor_batch).__name__}")
+            raise DataProtoTypeError(f"DataProto.non_tensor_batch must be a dict, got {type(self.non_tensor_batch).__name__}")
         if not isinstance(self.meta_info, dict):
-            raise TypeError(f"DataProto.meta_info must be a dict, got {type(self.meta_info).__name__}")
+            raise DataProtoTypeError(f"DataProto.meta_info must be a dict, got {type(self.meta_info).__name__}")
         if self.batch is not None and len(self.batch.batch_size) == 0:
-            raise ValueError("DataProto.batch needs a batch dimension, got batch_size ()")
+            raise DataProtoError("DataProto.batch needs a batch dimension, got batch_size ()")
         if self.batch is not None and self.non_tensor_batch and len(self.batch.batch_size) != 1:
-            raise ValueError(
+            raise DataProtoError(
                 f"DataProto supports one batch dim when non_tensor_batch is not empty, got batch_size "
                 f"{tuple(self.batch.batch_size)}"
             )
         expected = None if self.batch is None else int(self.batch.batch_size[0])
         for key, value in self.non_tensor_batch.items():
             if not isinstance(value, np.ndarray):
-                raise TypeError(f"non_tensor_batch[{key!r}] must be a numpy ndarray, got {type(value).__name__}")
+                raise DataProtoTypeError(f"non_tensor_batch[{key!r}] must be a numpy ndarray, got {type(value).__name__}")
             if value.ndim == 0:
-                raise ValueError(f"non_tensor_batch[{key!r}] is a 0-d array; it needs one entry per row")
+                raise DataProtoError(f"non_tensor_batch[{key!r}] is a 0-d array; it needs one entry per row")
             if expected is None:
                 expected = value.shape[0]
             elif value.shape[0] != expected:
-                raise ValueError(f"non_tensor_batch[{key!r}] has {value.shape[0]} rows, expected {expected}")
+                raise DataProtoError(f"non_tensor_batch[{key!r}] has {value.shape[0]} rows, expected {expected}")
 
     def __len__(self) -> int:
         if self.batch is not None:
@@ -112,7 +113,7 @@ class DataProto:
         if isinstance(item, list | np.ndarray | torch.Tensor) and not is_scalar_index(item):
             return self.select_idxs(item)
         if isinstance(item, bool) or not isinstance(item, int | np.integer | torch.Tensor | np.ndarray):
-            raise TypeError(f"DataProto indices must be int, slice, list, ndarray or tensor, got {type(item).__name__}")
+            raise DataProtoTypeError(f"DataProto indices must be int, slice, list, ndarray or tensor, got {type(item).__name__}")
         row = int(item)
         if not -len(self) <= row < len(self):
             raise IndexError(f"row {row} out of range for a DataProto of {len(self)} rows")
@@ -150,7 +151,7 @@ class DataProto:
         with open(filepath, "rb") as f:
             data = pickle.load(f)
         if not isinstance(data, DataProto):
-            raise TypeError(f"{filepath} holds a {type(data).__name__}, not a DataProto")
+            raise DataProtoTypeError(f"{filepath} holds a {type(data).__name__}, not a DataProto")
         return data
 
     # --- construction ---------------------------------------------------------------------
@@ -194,7 +195,7 @@ class DataProto:
             elif isinstance(value, np.ndarray):
                 non_tensors[key] = value
             else:
-                raise ValueError(
+                raise DataProtoError(
                     f"from_single_dict: {key!r} is a {type(value).__name__}; expected a torch.Tensor or np.ndarray"
                 )
         return cls.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta_info, auto_padding=auto_padding)
@@ -238,7 +239,7 @@ class DataProto:
         if batch_keys is not None:
             missing = [k for k in batch_keys if self.batch is None or k not in self.batch.keys()]
             if missing:
-                raise KeyError(f"select: batch keys {missing} not in the batch")
+                raise DataProtoKeyError(f"select: batch keys {missing} not in the batch")
             batch = self.batch.select(*batch_keys) if self.batch is not None else None
         non_tensors = self.non_tensor_batch
         if non_tensor_batch_keys is not None:
@@ -294,7 +295,7 @@ class DataProto:
         ):
             missing = [k for k in keys if k not in present]
             if missing:
-                raise KeyError(f"pop: keys {missing} not in {part}")
+                raise DataProtoKeyError(f"pop: keys {missing} not in {part}")
         batch = None
         if batch_keys:
             popped = {k: self.batch.pop(k) for k in batch_keys}
@@ -310,7 +311,7 @@ class DataProto:
         old = [old_keys] if isinstance(old_keys, str) else list(old_keys or [])
         new = [new_keys] if isinstance(new_keys, str) else list(new_keys or [])
         if len(old) != len(new):
-            raise ValueError(f"rename: {len(old)} old keys but {len(new)} new keys")
+            raise DataProtoError(f"rename: {len(old)} old keys but {len(new)} new keys")
         batch_names = [] if self.batch is None else list(self.batch.keys())
         for old_key, new_key in zip(old, new):
             if old_key in batch_names:
@@ -319,7 +320,7 @@ class DataProto:
             elif old_key in self.non_tensor_batch:
                 self.non_tensor_batch[new_key] = self.non_tensor_batch.pop(old_key)
             else:
-                raise KeyError(f"rename: key {old_key!r} is neither in batch nor in non_tensor_batch")
+                raise DataProtoKeyError(f"rename: key {old_key!r} is neither in batch nor in non_tensor_batch")
         return self
 
     # --- combining ----------------------------------------------------------------------------
@@ -331,7 +332,7 @@ class DataProto:
         arrays deep-equal with NaN == NaN, meta ``==``), else ``ValueError`` naming the key.
         """
         if _has_rows(self) and _has_rows(other) and len(self) != len(other):
-            raise ValueError(f"union: lengths differ: {len(self)} vs {len(other)}")
+            raise DataProtoError(f"union: lengths differ: {len(self)} vs {len(other)}")
         if self.batch is None:
             self.batch = other.batch
         elif other.batch is not None:
@@ -349,10 +350,10 @@ class DataProto:
         one dict of lists; other keys must agree across parts.
         """
         if len(data) == 0:
-            raise ValueError("DataProto.concat needs at least one DataProto")
+            raise DataProtoError("DataProto.concat needs at least one DataProto")
         with_batch = [d.batch is not None for d in data]
         if any(with_batch) and not all(with_batch):
-            raise ValueError("DataProto.concat: some parts have a tensor batch and others do not")
+            raise DataProtoError("DataProto.concat: some parts have a tensor batch and others do not")
         batch = None
         if all(with_batch):
             check_same_keys("batch", [sorted(d.batch.keys()) for d in data])
@@ -369,21 +370,26 @@ class DataProto:
     def chunk(self, chunks: int) -> list[DataProto]:
         """``chunks`` consecutive parts of equal size sharing the meta.
 
-        Not divisible → error, unless auto-padding is on: then sizes differ by at most one.
+        Not divisible → error (an ``AssertionError`` too, as in verl), unless auto-padding is
+        on: then, as verl (``torch.chunk``), every part but the last has ⌈rows / chunks⌉ rows
+        — 10 rows in 4 chunks are 3, 3, 3, 1. Where that leaves fewer than ``chunks`` parts
+        (6 rows in 4 chunks: 2, 2, 2) it is an error, where verl fails with an IndexError.
         """
         check_positive_int("chunks", chunks)
-        if len(self) % chunks != 0 and not self.is_padding_enabled():
-            raise ValueError(
-                f"only support equal chunk: a DataProto of {len(self)} rows cannot be cut into {chunks} chunks "
+        rows = len(self)
+        if rows % chunks != 0 and not self.is_padding_enabled():
+            raise DataProtoError(
+                f"only support equal chunk: a DataProto of {rows} rows cannot be cut into {chunks} chunks "
                 "(pad it with pad_dataproto_to_divisor or enable auto_padding)"
             )
-        base, extra = divmod(len(self), chunks)
-        parts, start = [], 0
-        for i in range(chunks):
-            size = base + (1 if i < extra else 0)
-            parts.append(self.slice(start, start + size))
-            start += size
-        return parts
+        size = -(-rows // chunks) if rows else 0
+        starts = list(range(0, rows, size)) if size else [0] * chunks
+        if len(starts) != chunks:
+            raise DataProtoError(
+                f"cannot chunk {rows} rows into {chunks} parts of ⌈{rows}/{chunks}⌉ = {size} rows (as torch.chunk): "
+                f"that makes {len(starts)} parts; pad to a multiple of {chunks} first (pad_dataproto_to_divisor)"
+            )
+        return [self.slice(start, start + size) for start in starts]
 
     def split(self, split_size: int) -> list[DataProto]:
         """Consecutive parts of ``split_size`` rows; the last may be shorter."""
@@ -405,9 +411,9 @@ class DataProto:
             repeat_times = repeat_times.detach().cpu().numpy()
         counts = np.asarray(repeat_times).reshape(-1)
         if counts.shape[0] != len(self):
-            raise ValueError(f"sample_level_repeat: {counts.shape[0]} counts for {len(self)} rows")
+            raise DataProtoError(f"sample_level_repeat: {counts.shape[0]} counts for {len(self)} rows")
         if counts.size and (not np.issubdtype(counts.dtype, np.integer) or counts.min() < 0):
-            raise ValueError(f"sample_level_repeat: counts must be non-negative ints, got {counts.tolist()}")
+            raise DataProtoError(f"sample_level_repeat: counts must be non-negative ints, got {counts.tolist()}")
         return self.select_idxs(np.repeat(np.arange(len(self)), counts.astype(np.int64)))
 
     def reorder(self, indices: IndexLike) -> None:
@@ -435,13 +441,13 @@ class DataProto:
     def padding(self, padding_size: int, padding_candidate: str = "") -> None:
         """Append ``padding_size`` copies of the first (``"first"``) or last row, in place."""
         if padding_candidate not in ("", "first", "last"):
-            raise ValueError(f"padding_candidate must be 'first', 'last' or '', got {padding_candidate!r}")
+            raise DataProtoError(f"padding_candidate must be 'first', 'last' or '', got {padding_candidate!r}")
         if padding_size < 0:
-            raise ValueError(f"padding_size must be >= 0, got {padding_size}")
+            raise DataProtoError(f"padding_size must be >= 0, got {padding_size}")
         if padding_size == 0:
             return
         if len(self) == 0:
-            raise ValueError("cannot pad an empty DataProto: there is no row to copy")
+            raise DataProtoError("cannot pad an empty DataProto: there is no row to copy")
         row = 0 if padding_candidate == "first" else len(self) - 1
         padded = self.select_idxs(np.concatenate([np.arange(len(self)), np.full(padding_size, row)]))
         self.batch, self.non_tensor_batch = padded.batch, padded.non_tensor_batch
@@ -466,12 +472,12 @@ class DataProto:
         """
         check_positive_int("mini_batch_size", mini_batch_size)
         if len(self) % mini_batch_size != 0:
-            raise ValueError(f"make_iterator: {len(self)} rows is not a multiple of mini_batch_size={mini_batch_size}")
+            raise DataProtoError(f"make_iterator: {len(self)} rows is not a multiple of mini_batch_size={mini_batch_size}")
         kwargs = dict(dataloader_kwargs or {})
         shuffle = bool(kwargs.pop("shuffle", False))
         kwargs.pop("drop_last", None)  # always exact: the length is a multiple of the size
         if kwargs:
-            raise ValueError(
+            raise DataProtoError(
                 f"make_iterator: unsupported dataloader_kwargs {sorted(kwargs)}; supported: shuffle, drop_last"
             )
         generator = None

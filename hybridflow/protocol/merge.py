@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from hybridflow.protocol.errors import DataProtoError, DataProtoTypeError
+
 METRICS_KEY = "metrics"
 
 
@@ -86,7 +88,7 @@ def union_two_dict(dict1: dict, dict2: dict) -> dict:
     """Add ``dict2``'s items to ``dict1`` (in place); a shared key must hold equal values."""
     for key, value in dict2.items():
         if key in dict1 and not deep_equal(dict1[key], value):
-            raise ValueError(f"union: key {key!r} has different values: {dict1[key]!r} vs {value!r}")
+            raise DataProtoError(f"union: key {key!r} has different values: {dict1[key]!r} vs {value!r}")
         dict1[key] = value
     return dict1
 
@@ -97,12 +99,12 @@ def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> Ten
     Batch sizes must match; a key present in both must hold ``torch.equal`` tensors.
     """
     if tensor_dict1.batch_size != tensor_dict2.batch_size:
-        raise ValueError(
+        raise DataProtoError(
             f"union: batch sizes differ: {tuple(tensor_dict1.batch_size)} vs {tuple(tensor_dict2.batch_size)}"
         )
     for key, value in tensor_dict2.items():
         if key in tensor_dict1.keys() and not torch.equal(tensor_dict1[key], value):
-            raise ValueError(f"union: tensor {key!r} differs between the two batches")
+            raise DataProtoError(f"union: tensor {key!r} differs between the two batches")
         tensor_dict1[key] = value
     return tensor_dict1
 
@@ -117,11 +119,11 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str
         if key in tensor_dict1:
             for side, array in (("first", tensor_dict1[key]), ("second", value)):
                 if not isinstance(array, np.ndarray):
-                    raise TypeError(
+                    raise DataProtoTypeError(
                         f"union: non-tensor {key!r} of the {side} dict is a {type(array).__name__}, not an ndarray"
                     )
             if not deep_equal(tensor_dict1[key], value):
-                raise ValueError(f"union: non-tensor {key!r} differs between the two batches")
+                raise DataProtoError(f"union: non-tensor {key!r} differs between the two batches")
         tensor_dict1[key] = value
     return tensor_dict1
 
@@ -134,7 +136,7 @@ def list_of_dict_to_dict_of_list(list_of_dict: Sequence[dict]) -> dict[str, list
     output: dict[str, list] = {}
     for item in list_of_dict:
         if not isinstance(item, dict):
-            raise TypeError(f"list_of_dict_to_dict_of_list expects dicts, got {type(item).__name__}")
+            raise DataProtoTypeError(f"list_of_dict_to_dict_of_list expects dicts, got {type(item).__name__}")
         for key, value in item.items():
             output.setdefault(key, []).append(value)
     return output
@@ -150,7 +152,7 @@ def merge_meta_info(metas: list[dict[str, Any]]) -> dict[str, Any]:
                 if value is not None:
                     metrics.extend(value if isinstance(value, list) else [value])
             elif key in merged and not deep_equal(merged[key], value):
-                raise ValueError(f"Conflicting values for meta_info key '{key}': {merged[key]!r} vs {value!r}")
+                raise DataProtoError(f"Conflicting values for meta_info key '{key}': {merged[key]!r} vs {value!r}")
             else:
                 merged[key] = value
     if metrics:
@@ -161,4 +163,4 @@ def merge_meta_info(metas: list[dict[str, Any]]) -> dict[str, Any]:
 def check_same_keys(part: str, key_lists: list[list[str]]) -> None:
     for i, keys in enumerate(key_lists[1:], start=1):
         if keys != key_lists[0]:
-            raise ValueError(f"DataProto.concat: {part} keys of part {i} {keys} differ from part 0 {key_lists[0]}")
+            raise DataProtoError(f"DataProto.concat: {part} keys of part {i} {keys} differ from part 0 {key_lists[0]}")

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybridflow.protocol.errors import DataProtoError, DataProtoTypeError
+
 IndexLike = Sequence[int] | Sequence[bool] | np.ndarray | torch.Tensor
 
 
@@ -33,15 +35,15 @@ def as_row_index(idxs: IndexLike, length: int) -> tuple[torch.Tensor, np.ndarray
     elif isinstance(idxs, list | tuple | range):
         array = np.asarray(list(idxs)) if len(idxs) else np.zeros(0, dtype=np.int64)
     else:
-        raise TypeError(f"row indices must be a list, ndarray or tensor, got {type(idxs).__name__}")
+        raise DataProtoTypeError(f"row indices must be a list, ndarray or tensor, got {type(idxs).__name__}")
     if array.ndim != 1:
-        raise ValueError(f"row indices must be 1-D, got shape {array.shape}")
+        raise DataProtoError(f"row indices must be 1-D, got shape {array.shape}")
     if array.dtype == np.bool_:
         if array.shape[0] != length:
-            raise ValueError(f"boolean mask has length {array.shape[0]} but the DataProto has {length} rows")
+            raise DataProtoError(f"boolean mask has length {array.shape[0]} but the DataProto has {length} rows")
         array = np.nonzero(array)[0]
     elif not np.issubdtype(array.dtype, np.integer):
-        raise TypeError(f"row indices must be integers or booleans, got dtype {array.dtype}")
+        raise DataProtoTypeError(f"row indices must be integers or booleans, got dtype {array.dtype}")
     array = array.astype(np.int64)
     if array.size and (array.max() >= length or array.min() < -length):
         raise IndexError(f"row index out of range for a DataProto of {length} rows")
@@ -50,7 +52,7 @@ def as_row_index(idxs: IndexLike, length: int) -> tuple[torch.Tensor, np.ndarray
 
 def check_positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+        raise DataProtoError(f"{name} must be a positive int, got {value!r}")
 
 
 def is_scalar_index(item: Any) -> bool:
@@ -64,7 +66,7 @@ def unfold_or_repeat(key: str, value: Any, n_split: int, split: bool) -> Any:
             return np.repeat(value, n_split, axis=0)
         return torch.repeat_interleave(value, n_split, dim=0)
     if value.ndim < 2 or value.shape[1] % n_split != 0:
-        raise ValueError(
+        raise DataProtoError(
             f"unfold_column_chunks: {key!r} has shape {tuple(value.shape)}; dim 1 must divide by {n_split}"
         )
     return value.reshape(value.shape[0] * n_split, value.shape[1] // n_split, *value.shape[2:])
@@ -75,16 +77,16 @@ def common_batch_shape(tensors: dict[str, Any], num_batch_dims: int) -> tuple[in
     batch_shape, pivot = None, None
     for key, tensor in tensors.items():
         if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"from_dict: tensors[{key!r}] is a {type(tensor).__name__}, not a torch.Tensor")
+            raise DataProtoTypeError(f"from_dict: tensors[{key!r}] is a {type(tensor).__name__}, not a torch.Tensor")
         if tensor.dim() < num_batch_dims:
-            raise ValueError(
+            raise DataProtoError(
                 f"from_dict: tensors[{key!r}] has {tensor.dim()} dims, fewer than num_batch_dims={num_batch_dims}"
             )
         shape = tuple(int(n) for n in tensor.shape[:num_batch_dims])
         if batch_shape is None:
             batch_shape, pivot = shape, key
         elif shape != batch_shape:
-            raise ValueError(
+            raise DataProtoError(
                 f"from_dict: tensors[{key!r}] has batch shape {shape} but tensors[{pivot!r}] has {batch_shape} "
                 f"(num_batch_dims={num_batch_dims})"
             )
@@ -96,5 +98,5 @@ def as_object_column(key: str, value: Any) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
     if not isinstance(value, list | tuple):
-        raise TypeError(f"from_dict: non_tensors[{key!r}] is a {type(value).__name__}; expected an ndarray or list")
+        raise DataProtoTypeError(f"from_dict: non_tensors[{key!r}] is a {type(value).__name__}; expected an ndarray or list")
     return object_array(value)

@@ -15,6 +15,7 @@ import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 
 from hybridflow.protocol.rows import object_array
+from hybridflow.protocol.errors import DataProtoError, DataProtoTypeError
 
 
 def pack_tensordict(
@@ -36,9 +37,9 @@ def unpack_tensordict(
 ) -> tuple[TensorDict | None, dict[str, np.ndarray], dict[str, Any]]:
     """``(batch, non_tensor_batch, meta_info)``; non-tensor columns become 1-D object arrays."""
     if not isinstance(tensor_dict, TensorDict):
-        raise TypeError(f"from_tensordict expects a TensorDict, got {type(tensor_dict).__name__}")
+        raise DataProtoTypeError(f"from_tensordict expects a TensorDict, got {type(tensor_dict).__name__}")
     if len(tensor_dict.batch_size) != num_batch_dims:
-        raise ValueError(
+        raise DataProtoError(
             f"from_tensordict: batch_size {tuple(tensor_dict.batch_size)} does not have "
             f"num_batch_dims={num_batch_dims} dims"
         )
@@ -60,4 +61,4 @@ def unpack_tensordict(
 
 def _check_free_key(td: TensorDict, key: str, part: str) -> None:
     if key in td.keys():
-        raise ValueError(f"to_tensordict: {part} key {key!r} clashes with a key already in the TensorDict")
+        raise DataProtoError(f"to_tensordict: {part} key {key!r} clashes with a key already in the TensorDict")
