@@ -28,15 +28,15 @@ def test_numbers():
     ],
 )
 def test_gsm8k_strict_and_flexible(text, strict, flexible):
-    assert gsm8k.compute_score(text, "7") == strict
-    assert gsm8k.compute_score(text, "7", method="flexible") == flexible
+    assert gsm8k.compute_score(text, "7")["score"] == strict
+    assert gsm8k.compute_score(text, "7", method="flexible")["score"] == flexible
 
 
 def test_gsm8k_reads_only_the_last_300_chars():
     text = "#### 7" + " filler" * 60
-    assert gsm8k.compute_score(text, "7") == 0.0
-    assert gsm8k.compute_score(text[:6] + " " * 10, "7", format_score=0.1) == 1.0
-    assert gsm8k.compute_score("#### 8", "7", format_score=0.1) == 0.1
+    assert gsm8k.compute_score(text, "7") == {"score": 0.0, "acc": 0.0, "pred": ""}
+    assert gsm8k.compute_score(text[:6] + " " * 10, "7", format_score=0.1) == {"score": 1.0, "acc": 1.0, "pred": "7"}
+    assert gsm8k.compute_score("#### 8", "7", format_score=0.1) == {"score": 0.1, "acc": 0.0, "pred": "8"}
     with pytest.raises(ValueError, match="unknown GSM8K extraction method"):
         gsm8k.extract_solution("x", "loose")
 
@@ -53,7 +53,10 @@ def test_gsm8k_reads_only_the_last_300_chars():
     ],
 )
 def test_arithmetic_rule(text, score, formatted):
-    assert arithmetic.compute_score(text, "68") == {"score": score, "acc": score, "formatted": formatted}
+    result = arithmetic.compute_score(text, "68")
+    assert {k: result[k] for k in ("score", "acc", "formatted")} == {"score": score, "acc": score, "formatted": formatted}
+    assert result["pred"] == {"no digits here": "", "#### 67 but maybe 68": "67"}.get(text, result["pred"])
+    assert (result["pred"] != "") == (text != "no digits here")
 
 
 def test_arithmetic_strict_and_negative():
@@ -79,7 +82,9 @@ TRUTH = {"target": 18, "numbers": [2, 3, 4]}
     ],
 )
 def test_countdown_rule(text, score):
-    assert countdown.compute_score(text, TRUTH)["score"] == score
+    result = countdown.compute_score(text, TRUTH)
+    assert result["score"] == score
+    assert (result["pred"] == "") == (text == "no equation at all")
 
 
 def test_countdown_ground_truth_checked():
@@ -109,8 +114,11 @@ def test_boxed(text, truth, score):
 
 
 def test_default_compute_score_dispatch():
-    assert default_compute_score("openai/gsm8k", "#### 3", "3") == 1.0
-    assert default_compute_score("lighteval/MATH", r"\boxed{3}", "3") == 1.0
+    assert default_compute_score("openai/gsm8k", "#### 3", "3") == {"score": 1.0, "acc": 1.0, "pred": "3"}
+    assert default_compute_score("lighteval/MATH", r"\boxed{3}", "3") == {"score": 1.0, "acc": 1.0, "pred": "3"}
+    assert default_compute_score("math_dapo", "...\nAnswer: 3", "3") == {"score": 1.0, "acc": 1.0, "pred": "3"}
+    assert default_compute_score("aime_2024", "...\nAnswer: 4", "3")["score"] == -1.0
+    assert default_compute_score("numina_olympiads", r"\boxed{\frac{1}{2}}", "0.5")["score"] == 1.0
     assert default_compute_score("hybridflow/arithmetic", "3", "3")["score"] == 1.0
     assert default_compute_score("hybridflow/countdown", "#### 1 + 2", {"target": 3, "numbers": [1, 2]})["score"] == 1.0
     with pytest.raises(ValueError, match="unknown scorer for data_source 'my/data'; valid names: .*openai/gsm8k"):
@@ -120,4 +128,4 @@ def test_default_compute_score_dispatch():
 
 def test_default_batch_marks_failures_as_nan():
     out = default_compute_score_batch(["openai/gsm8k", "nope"], ["#### 1", "x"], ["1", "y"], [None, None])
-    assert out[0] == 1.0 and out[1] != out[1]
+    assert out[0]["score"] == 1.0 and out[1] != out[1]

@@ -15,23 +15,33 @@ from hybridflow.data.tasks.arithmetic import DATA_SOURCE as ARITHMETIC_SOURCE
 from hybridflow.data.tasks.countdown import DATA_SOURCE as COUNTDOWN_SOURCE
 from hybridflow.data.tasks.gsm8k import DATA_SOURCE as GSM8K_SOURCE
 from hybridflow.utils.registry import Registry
-from hybridflow.workers.reward.scores import arithmetic, boxed, countdown, gsm8k
+from hybridflow.workers.reward.scores import arithmetic, countdown, gsm8k, math_answers
 
 ScoreResult = float | dict[str, Any]
 Scorer = Callable[[str, Any, "dict | None"], ScoreResult]
 
-# MATH-style sources scored by their last \boxed{} answer
+# verl's routing: MATH-style and NuminaMath sources by their last \boxed{} answer (0 / 1);
+# DAPO-style sources by their "Answer:" line (±1), and so is every source named aime*.
 MATH_SOURCES: tuple[str, ...] = (
     "lighteval/MATH",
     "DigitalLearningGmbH/MATH-lighteval",
     "HuggingFaceH4/MATH-500",
-    "math",
+    "numina_aops_forum",
+    "numina_synthetic_math",
+    "numina_amc_aime",
+    "numina_synthetic_amc",
+    "numina_cn_k12",
+    "numina_olympiads",
 )
+MATH_DAPO_SOURCES: tuple[str, ...] = ("math_dapo", "math", "math_dapo_reasoning")
+MATH_DAPO_PREFIX = "aime"
 
 SCORERS: Registry[Scorer] = Registry("scorer for data_source")
 SCORERS.add(GSM8K_SOURCE, gsm8k.compute_score)
 for _source in MATH_SOURCES:
-    SCORERS.add(_source, boxed.compute_score)
+    SCORERS.add(_source, math_answers.compute_score_boxed)
+for _source in MATH_DAPO_SOURCES:
+    SCORERS.add(_source, math_answers.compute_score_dapo)
 SCORERS.add(ARITHMETIC_SOURCE, arithmetic.compute_score)
 SCORERS.add(COUNTDOWN_SOURCE, countdown.compute_score)
 
@@ -41,8 +51,11 @@ def default_compute_score(
 ) -> ScoreResult:
     """Score one response with the scorer registered for ``data_source``.
 
-    An unknown source raises ``ValueError`` listing the known ones.
+    An unknown source raises ``ValueError`` listing the known ones; ``aime*`` sources (AIME 2024,
+    aime25, ...) are scored as ``math_dapo``.
     """
+    if data_source not in SCORERS and data_source.startswith(MATH_DAPO_PREFIX):
+        return math_answers.compute_score_dapo(solution_str, ground_truth, extra_info)
     return SCORERS.get(data_source)(solution_str, ground_truth, extra_info)
 
 
@@ -63,4 +76,4 @@ def default_compute_score_batch(
     return results
 
 
-__all__ = ["MATH_SOURCES", "SCORERS", "default_compute_score", "default_compute_score_batch"]
+__all__ = ["MATH_DAPO_SOURCES", "MATH_SOURCES", "SCORERS", "default_compute_score", "default_compute_score_batch"]

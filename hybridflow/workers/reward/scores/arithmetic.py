@@ -30,7 +30,8 @@ def extract_answer(solution_str: str, strict: bool = False) -> tuple[str | None,
 def compute_score(
     solution_str: str, ground_truth: Any, extra_info: dict | None = None, *, strict: bool = False
 ) -> dict[str, float]:
-    """``{"score": 1.0 | 0.0, "acc": same, "formatted": 1.0 | 0.0}`` per the rule above."""
+    """``{"score": 1.0 | 0.0, "acc": same, "formatted": 1.0 | 0.0, "pred": the answer or ""}`` per
+    the rule above (``pred`` is what maj@N votes on)."""
     answer, formatted = extract_answer(solution_str, strict)
     correct = 1.0 if same_number(answer, ground_truth) else 0.0
-    return {"score": correct, "acc": correct, "formatted": 1.0 if formatted else 0.0}
+    return {"score": correct, "acc": correct, "formatted": 1.0 if formatted else 0.0, "pred": answer or ""}

@@ -45,15 +45,17 @@ def _check_ground_truth(ground_truth: Any) -> tuple[int, list[int]]:
 def compute_score(
     solution_str: str, ground_truth: Any, extra_info: dict | None = None, *, format_score: float = 0.1
 ) -> dict[str, float]:
-    """``{"score", "acc", "formatted"}`` per the rule above (``acc`` is 1.0 only when correct)."""
+    """``{"score", "acc", "formatted", "pred"}`` per the rule above (``acc`` is 1.0 only when
+    correct; ``pred`` the extracted equation, "" if none)."""
     target, numbers = _check_ground_truth(ground_truth)
     equation = extract_equation(solution_str)
     if equation is None:
-        return {"score": 0.0, "acc": 0.0, "formatted": 0.0}
+        return {"score": 0.0, "acc": 0.0, "formatted": 0.0, "pred": ""}
     correct = False
     if sorted(expression_numbers(equation)) == sorted(numbers):
         try:
             correct = evaluate_expression(equation) == target
         except ExpressionError:
             correct = False
-    return {"score": 1.0 if correct else format_score, "acc": 1.0 if correct else 0.0, "formatted": 1.0}
+    return {"score": 1.0 if correct else format_score, "acc": 1.0 if correct else 0.0, "formatted": 1.0,
+            "pred": equation}

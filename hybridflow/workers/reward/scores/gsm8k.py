@@ -36,7 +36,10 @@ def compute_score(
     method: str = "strict",
     format_score: float = 0.0,
     score: float = 1.0,
-) -> float:
-    """``score`` if the extracted answer equals ``ground_truth`` numerically, else ``format_score``."""
+) -> dict[str, Any]:
+    """``{"score", "acc", "pred"}``: ``score`` if the extracted answer equals ``ground_truth``
+    numerically, else ``format_score``; ``acc`` 1.0/0.0; ``pred`` the extracted answer ("" if none),
+    which maj@N votes on."""
     answer = extract_solution(solution_str, method)
-    return score if same_number(answer, ground_truth) else format_score
+    correct = same_number(answer, ground_truth)
+    return {"score": score if correct else format_score, "acc": float(correct), "pred": answer or ""}
