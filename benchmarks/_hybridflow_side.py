@@ -160,6 +160,7 @@ def run(settings: BenchSettings) -> dict[str, Any]:
 
     from hybridflow.config import load_config
     from hybridflow.models import load_tokenizer, policy_attn_implementation, resolve_model_path
+    from hybridflow.models.packed_attention import base_of
     from hybridflow.trainer.main_ppo import build_trainer
 
     torch.set_num_threads(settings.threads)
@@ -185,7 +186,8 @@ def run(settings: BenchSettings) -> dict[str, Any]:
         "side": "hybridflow", "setup_s": setup_s, "warmup_steps": settings.warmup_steps,
         "rows_per_step": settings.rows_per_step, "max_prompt_length": prompt_len, "steps": steps, "evals": evals,
         "work": describe_work(trainer), "first_prompt_ids": first_prompts,
-        "attn_implementation": policy_attn_implementation(trainer.config.actor_rollout_ref, "cpu"),
+        # the kernel itself (a packed implementation runs it row by row): what TRL is given
+        "attn_implementation": base_of(policy_attn_implementation(trainer.config.actor_rollout_ref, "cpu")),
         "peak_rss_self_mb": self_mb, "peak_rss_children_mb": children_mb, "torch_threads": torch.get_num_threads(),
     }
 

@@ -7,7 +7,10 @@ so ``hybridflow train a.b=c`` is exactly ``python -m hybridflow.trainer.main_ppo
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+
+from hybridflow.utils.errors import DEBUG_ENV
 
 # subcommand -> (module with a ``main(argv)`` function, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -25,13 +28,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     width = max(len(c) for c in COMMANDS)
-    lines = ["usage: hybridflow COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: hybridflow [--debug] COMMAND [ARGS...]", "",
+             "--debug: show the full traceback of input errors too (= HYBRIDFLOW_DEBUG=1)", "", "commands:"]
     lines += [f"  {name.ljust(width)}  {help_}" for name, (_, help_) in COMMANDS.items()]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--debug":
+        os.environ[DEBUG_ENV[0]] = "1"
+        argv = argv[1:]
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0

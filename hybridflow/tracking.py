@@ -4,6 +4,10 @@ Backends (``trainer.logger``): ``console`` (one compact line per step), ``jsonl`
 ``metrics.jsonl`` file in the run directory, one JSON object per step — the source for plots
 and for comparing runs), ``tensorboard`` and ``wandb`` (optional dependencies; wandb runs in
 offline mode unless the user configured it otherwise).
+
+Resume: :meth:`Tracking.rewind` is called with the first step the resumed process will log,
+and each backend drops what it holds at or past that step — rows logged after the checkpoint
+by a run that crashed — so the resumed run's rows replace them instead of following them.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ CONSOLE_KEYS: tuple[tuple[str, str], ...] = (
 class Backend(Protocol):
     def log(self, data: Mapping[str, float], step: int) -> None: ...
 
+    def rewind(self, next_step: int) -> None: ...
+
     def finish(self) -> None: ...
 
 
@@ -61,12 +67,18 @@ class ConsoleBackend:
         parts += [f"{k} {v:.4g}" for k, v in data.items() if k.startswith("val-core/") and k.endswith("/mean@1")]
         self._print(" | ".join(parts))
 
+    def rewind(self, next_step: int) -> None:
+        pass  # printed lines cannot be taken back
+
     def finish(self) -> None:
         pass
 
 
 class JsonlBackend:
-    """Appends ``{"step": N, **metrics}`` to ``<run_dir>/metrics.jsonl`` (flushed every step)."""
+    """Appends ``{"step": N, **metrics}`` to ``<run_dir>/metrics.jsonl``, flushed and fsynced
+    every step (the trainer logs a step before committing its checkpoint)."""
+
+    DROPPED_FILE = "metrics.dropped.jsonl"
 
     def __init__(self, run_dir: str | os.PathLike) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
@@ -77,9 +89,41 @@ class JsonlBackend:
         row = {"step": step, **{k: (None if math.isnan(v) else v) for k, v in data.items()}}
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def rewind(self, next_step: int) -> None:
+        """Keep the rows of steps before ``next_step``; the others (and a line cut short by a
+        crash) move to ``metrics.dropped.jsonl``, so nothing is lost."""
+        self._file.close()
+        kept, dropped = [], []
+        for line in self.path.read_text(encoding="utf-8").splitlines(keepends=True):
+            if not line.strip():
+                continue
+            try:
+                step = json.loads(line)["step"]
+                keep = isinstance(step, (int, float)) and step < next_step
+            except (ValueError, KeyError, TypeError):
+                keep = False
+            (kept if keep else dropped).append(line if line.endswith("\n") else line + "\n")
+        if dropped:
+            with (self.path.parent / self.DROPPED_FILE).open("a", encoding="utf-8") as f:
+                f.writelines(dropped)
+            _replace_file(self.path, "".join(kept))
+            print(f"{self.path}: {len(dropped)} row(s) from step {next_step} on, logged after the checkpoint "
+                  f"resumed from, moved to {self.DROPPED_FILE}")
+        self._file = self.path.open("a", encoding="utf-8")
 
     def finish(self) -> None:
         self._file.close()
+
+
+def _replace_file(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 class TensorboardBackend:
@@ -91,12 +135,20 @@ class TensorboardBackend:
                 "trainer.logger includes 'tensorboard' but tensorboard is not installed: "
                 "pip install 'hybridflow[tensorboard]'"
             ) from e
-        self._writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+        self._summary_writer = SummaryWriter
+        self._log_dir = str(Path(run_dir) / "tensorboard")
+        self._writer = SummaryWriter(log_dir=self._log_dir)
 
     def log(self, data: Mapping[str, float], step: int) -> None:
         for key, value in data.items():
             self._writer.add_scalar(key, value, global_step=step)
         self._writer.flush()
+
+    def rewind(self, next_step: int) -> None:
+        """A new event file that starts with a purge marker: TensorBoard discards the events of
+        earlier files at or past ``next_step``."""
+        self._writer.close()
+        self._writer = self._summary_writer(log_dir=self._log_dir, purge_step=next_step)
 
     def finish(self) -> None:
         self._writer.close()
@@ -113,6 +165,11 @@ class WandbBackend:
 
     def log(self, data: Mapping[str, float], step: int) -> None:
         self._run.log(dict(data), step=step)
+
+    def rewind(self, next_step: int) -> None:
+        """W&B history is append-only: each process logs to its own W&B run, so the resumed
+        run holds no row twice; the crashed process's run keeps its rows. Recorded here."""
+        self._run.config.update({"resumed_at_step": next_step}, allow_val_change=True)
 
     def finish(self) -> None:
         self._run.finish()
@@ -151,6 +208,11 @@ class Tracking:
         clean = {k: f for k, v in data.items() if (f := _to_float(v)) is not None}
         for backend in self.backends.values():
             backend.log(clean, step)
+
+    def rewind(self, next_step: int) -> None:
+        """Drop, in every backend, what was logged at or past ``next_step`` (see the module doc)."""
+        for backend in self.backends.values():
+            backend.rewind(next_step)
 
     def finish(self) -> None:
         for backend in self.backends.values():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from hybridflow.utils.errors import InputError
 
-class ConfigError(ValueError):
+
+class ConfigError(InputError, ValueError):
     """One or more configuration problems, each naming the dotted key and saying why.
 
     ``problems`` holds the individual messages; ``str(err)`` lists them all, so a user fixes

@@ -67,6 +67,9 @@ class CriticModelConfig:
     path: str | None = setting(None, "critic model; null = actor_rollout_ref.model.path")
     dtype: Dtype | None = setting(None, "critic dtype: auto, fp32 or bf16; null = actor_rollout_ref.model.dtype")
     enable_gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")
+    use_remove_padding: bool | None = setting(
+        None, "pack micro-batch rows without padding (values, critic update); null = actor_rollout_ref.model's"
+    )
     attn_implementation: AttnImplementation | None = setting(
         None, "attention kernel: auto, eager or sdpa; null = actor_rollout_ref.model.attn_implementation"
     )
@@ -117,6 +120,9 @@ class RewardModelConfig:
     reward_manager: str = setting("naive", "reward manager in the registry: naive, batch, dapo, prime")
     timeout_s: float = setting(10.0, "seconds one scoring call may take before it scores 0", gt=0)
     num_workers: int = setting(4, "scoring processes of the prime reward manager", ge=1)
+    memory_limit_mb: int = setting(
+        4096, "address space (MiB) each scorer process may add to what it starts with (RLIMIT_AS); 0 = no cap", ge=0
+    )
     overlong_buffer: OverlongBufferConfig = section(OverlongBufferConfig, "DAPO overlong penalty")
 
 

@@ -143,6 +143,7 @@ def _resolve_critic(critic: CriticConfig, arr: ActorRolloutRefConfig, needs_valu
         path=_or(critic.model.path, arr.model.path),
         dtype=_or(critic.model.dtype, arr.model.dtype),
         attn_implementation=_or(critic.model.attn_implementation, arr.model.attn_implementation),
+        use_remove_padding=_or(critic.model.use_remove_padding, arr.model.use_remove_padding),
     )
     return replace(
         critic,

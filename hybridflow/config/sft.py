@@ -66,6 +66,7 @@ class SFTModelConfig(ModelConfig):
     """``model``: the model to fine-tune (verl's ``model.partial_pretrain`` is read as ``path``)."""
 
     strategy: str = setting("auto", "training engine in the registry; auto = torch (one process)")
+    use_remove_padding: bool = setting(False, "packed rows are not implemented for SFT: must stay false")
 
 
 @dataclass(frozen=True)

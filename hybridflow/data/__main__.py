@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from hybridflow.data.tasks import TASKS, write_task
+from hybridflow.utils.errors import debug_enabled, one_paragraph
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,8 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train_rows, test_rows = TASKS.get(args.task).build(args)
         paths = write_task(train_rows, test_rows, args.out)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"hybridflow data {args.task}: error: {exc}", file=sys.stderr)
+    except (ValueError, FileNotFoundError) as exc:  # bad sizes or settings of the task
+        if debug_enabled():
+            raise
+        print(f"hybridflow data {args.task}: error: {one_paragraph(exc)}", file=sys.stderr)
         return 2
     print(f"{args.task}: {len(train_rows)} train rows, {len(test_rows)} test rows")
     for path in paths:

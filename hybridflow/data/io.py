@@ -17,10 +17,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hybridflow.utils.errors import InputError
+
 SUPPORTED_SUFFIXES: tuple[str, ...] = (".parquet", ".jsonl")
 
 
-class DataFileError(ValueError):
+class DataFileError(InputError, ValueError):
     """A data file is missing, of an unknown kind, or not parseable."""
 
 
@@ -54,8 +56,15 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    with path.open("r", encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, start=1):
+    with path.open("rb") as fh:
+        for line_no, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataFileError(
+                    f"{path}: row {len(rows)} (line {line_no}): not UTF-8 text (byte 0x{raw[exc.start]:02x} at "
+                    f"column {exc.start + 1}); JSON-lines files must be UTF-8"
+                ) from exc
             if not line.strip():
                 continue
             try:

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 from hybridflow import fields as F
-from hybridflow.data.io import read_rows
+from hybridflow.data.io import DataFileError, read_rows
 from hybridflow.data.schema import ABILITY, PROMPT_KEY, DataRowError, RLRow, validate_rl_row
 
 TRUNCATION_MODES: tuple[str, ...] = ("error", "left", "right", "middle")
@@ -122,7 +122,7 @@ class RLDataset(Dataset):
             for i, raw in enumerate(read_rows(file)):
                 entries.append((file, i, validate_rl_row(raw, file=file, row_index=i, prompt_key=self.prompt_key)))
         if not entries:
-            raise ValueError(f"no rows in {', '.join(self.files)}")
+            raise DataFileError(f"no rows in {', '.join(self.files)}")
         return entries
 
     def _tokenize(self, conversations: list[list[dict[str, Any]]]) -> list[list[int]]:

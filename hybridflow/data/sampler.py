@@ -15,6 +15,11 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from hybridflow.data.collate import collate_fn as default_collate
+from hybridflow.utils.errors import InputError
+
+
+class DataSizeError(InputError, ValueError):
+    """The data holds fewer rows than one batch needs."""
 
 
 class StatefulSampler(Sampler[int]):
@@ -67,15 +72,17 @@ class StatefulSampler(Sampler[int]):
         return self.num_rows
 
     def state_dict(self) -> dict[str, Any]:
+        """Plain ints and bools only: checkpoints store it as JSON."""
         return {
-            "epoch": self.epoch,
-            "position": self.position,
-            "num_rows": self.num_rows,
-            "shuffle": self.shuffle,
-            "seed": self.seed,
+            "epoch": int(self.epoch),
+            "position": int(self.position),
+            "num_rows": int(self.num_rows),
+            "shuffle": bool(self.shuffle),
+            "seed": int(self.seed),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        _require_ints(state, ("epoch", "position", "num_rows", "seed"))
         for key in ("num_rows", "shuffle", "seed"):
             if state[key] != getattr(self, key):
                 raise ValueError(
@@ -84,8 +91,20 @@ class StatefulSampler(Sampler[int]):
                 )
         if not 0 <= state["position"] <= self.num_rows:
             raise ValueError(f"saved data position {state['position']} is outside 0..{self.num_rows}")
+        if state["epoch"] < 0:
+            raise ValueError(f"saved data epoch {state['epoch']} is negative")
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
+
+
+def _require_ints(state: Any, keys: tuple[str, ...]) -> None:
+    """A saved position must hold these keys as integers (it comes from a file)."""
+    if not isinstance(state, dict):
+        raise ValueError(f"saved data position must be a mapping, found {type(state).__name__}")
+    for key in keys:
+        value = state.get(key)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"saved data position: {key} must be an integer, found {value!r}")
 
 
 class StatefulDataLoader:
@@ -116,7 +135,7 @@ class StatefulDataLoader:
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if drop_last and batch_size > num_rows:
-            raise ValueError(
+            raise DataSizeError(
                 f"batch_size={batch_size} is larger than the dataset ({num_rows} rows) with drop_last: "
                 "no batch would ever be produced"
             )
@@ -154,10 +173,11 @@ class StatefulDataLoader:
         state = self.sampler.state_dict()
         if self._epoch_exhausted():
             state["epoch"], state["position"] = state["epoch"] + 1, 0
-        state["batch_size"] = self.batch_size
+        state["batch_size"] = int(self.batch_size)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        _require_ints(state, ("batch_size",))
         if state["batch_size"] != self.batch_size:
             raise ValueError(
                 f"cannot resume the data position: saved batch_size={state['batch_size']} but this run has "

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow import fields as F
+from hybridflow.utils.errors import InputError
 
 PROMPT_KEY = "prompt"
 ABILITY = "ability"
@@ -25,7 +26,7 @@ GROUND_TRUTH = "ground_truth"
 REWARD_STYLES: tuple[str, ...] = ("rule", "model")
 
 
-class DataRowError(ValueError):
+class DataRowError(InputError, ValueError):
     """A malformed row: the message names the file, the 0-based row index and the field."""
 
     def __init__(self, file: str, row_index: int, field: str, problem: str) -> None:

@@ -33,15 +33,16 @@ import torch
 from torch.utils.data import Dataset
 
 from hybridflow import fields as F
-from hybridflow.data.io import read_rows
+from hybridflow.data.io import DataFileError, read_rows
 from hybridflow.data.schema import DataRowError
+from hybridflow.utils.errors import InputError
 
 LOSS_MASK = "loss_mask"
 SFT_TRUNCATION_MODES: tuple[str, ...] = ("error", "left", "right")
 ASSISTANT = "assistant"
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(InputError, ValueError):
     """The chat template cannot be rendered turn by turn (see the module docstring)."""
 
 
@@ -202,7 +203,7 @@ class SFTDataset(Dataset):
             for i, row in enumerate(read_rows(file)):
                 self._examples.append(self._example(row, file, i))
         if not self._examples:
-            raise ValueError(f"no rows in {', '.join(self.files)}")
+            raise DataFileError(f"no rows in {', '.join(self.files)}")
 
     def _conversation(self, row: dict[str, Any], file: str, index: int) -> tuple[list[dict[str, Any]], int, str]:
         """``(messages, first_trained, field)`` of one row."""

@@ -12,6 +12,13 @@ are zero wherever the attention mask is 0 and are padded back to width T, so the
 depend on how rows were grouped. Only the response positions go through the LM head
 (``logits_to_keep``), which matters for a 49k-token vocabulary. Rows that repeat a prompt
 (n samples per prompt) run it once per batch (:mod:`hybridflow.engine.shared_prompt`).
+
+A model loaded with ``use_remove_padding`` (a packed attention implementation, see
+:mod:`hybridflow.models.packed_attention`) runs a micro-batch without any padding instead:
+every row's real tokens back to back in one row, positions restarting per row, attention
+inside each row only (the segment boundaries go to the model as ``cu_seq_lens_q``). The
+outputs are the same up to float rounding. A micro-batch that shares prompt keys and values
+(``prompt_cache``) keeps the padded layout: its prompts are already computed once per batch.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from tensordict import TensorDict
 from hybridflow import fields as FK
 from hybridflow.algorithms.utils import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
 from hybridflow.engine.fused_log_probs import token_log_probs
+from hybridflow.models.packed_attention import PACKED_PREFIX
 
 
 class PromptKeysValues(Protocol):
@@ -78,6 +86,70 @@ def _windowed_inputs(micro: TensorDict, window: Window) -> dict[str, torch.Tenso
     }
 
 
+def packs_rows(module: torch.nn.Module) -> bool:
+    """True when ``module`` (a causal LM, a value model, or a wrapper of one) was loaded with a
+    packed attention implementation (``use_remove_padding``)."""
+    config = getattr(module, "config", None) or getattr(getattr(module, "backbone", None), "config", None)
+    return str(getattr(config, "_attn_implementation", "")).startswith(PACKED_PREFIX)
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A micro-batch as one row: ``inputs`` for the model, the flat indices ``keep`` whose
+    outputs predict response tokens, and where those go back in the (b, T) layout."""
+
+    inputs: dict[str, torch.Tensor | int]
+    keep: torch.Tensor  # (K,) flat positions, row by row
+    rows: torch.Tensor  # (K,) the row of each kept position
+    cols: torch.Tensor  # (K,) its response column
+    batch: int
+    response_len: int
+
+
+def pack_micro_batch(micro: TensorDict, response_len: int) -> Packed:
+    """Each row's real tokens but its last (which predicts nothing), concatenated."""
+    mask = micro[FK.ATTENTION_MASK].bool()
+    ids = micro[FK.INPUT_IDS]
+    positions = micro[FK.POSITION_IDS] if FK.POSITION_IDS in micro.keys() else compute_position_ids(mask)
+    prompt_width = ids.shape[1] - response_len
+    response_lens = mask[:, prompt_width:].sum(dim=1)
+    flat_ids, flat_pos, keep, rows, cols, bounds, offset = [], [], [], [], [], [0], 0
+    for i in range(ids.shape[0]):
+        n_resp = int(response_lens[i])
+        if n_resp == 0:  # nothing to predict: the row is left out
+            continue
+        real = mask[i].nonzero().flatten()[:-1]
+        n_prompt = int(mask[i, :prompt_width].sum())
+        flat_ids.append(ids[i, real])
+        flat_pos.append(positions[i, real])
+        keep.append(torch.arange(offset + n_prompt - 1, offset + n_prompt - 1 + n_resp))
+        rows.append(torch.full((n_resp,), i))
+        cols.append(torch.arange(n_resp))
+        offset += real.numel()
+        bounds.append(offset)
+    if not flat_ids:
+        raise ValueError("pack_micro_batch: no row of this micro-batch has a response token")
+    device = ids.device
+    total = offset
+    cu = torch.tensor(bounds, dtype=torch.int32, device=device)
+    longest = int((cu[1:] - cu[:-1]).max())
+    inputs = {
+        "input_ids": torch.cat(flat_ids)[None],
+        "position_ids": torch.cat(flat_pos)[None],
+        # all ones: no padding to mask, and HF then builds no dense mask of the packed row
+        "attention_mask": torch.ones(1, total, dtype=torch.long, device=device),
+        "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest,
+    }
+    cat = lambda parts: torch.cat(parts).to(device)  # noqa: E731
+    return Packed(inputs, cat(keep), cat(rows), cat(cols), ids.shape[0], response_len)
+
+
+def unpack(x: torch.Tensor, packed: Packed) -> torch.Tensor:
+    """(K,) values of the kept positions → (b, T), zero elsewhere."""
+    out = x.new_zeros(packed.batch, packed.response_len)
+    return out.index_put((packed.rows, packed.cols), x)
+
+
 def _finish(x: torch.Tensor, micro: TensorDict, window: Window) -> torch.Tensor:
     """Zero every non-response position (so outputs never depend on the micro-batch split)
     and pad back to the response width T."""
@@ -127,19 +199,26 @@ def response_log_probs(
     (:mod:`hybridflow.engine.shared_prompt`; the engine passes it).
     """
     responses = micro[FK.RESPONSES]
-    window = response_window(micro[FK.ATTENTION_MASK], responses.shape[1])
-    logits = _response_logits(module, _windowed_inputs(micro, window), window, prompt_cache)
-    labels = responses[:, : window.n_response]
+    if prompt_cache is None and packs_rows(module) and bool(micro[FK.ATTENTION_MASK][:, -responses.shape[1]:].any()):
+        packed = pack_micro_batch(micro, responses.shape[1])
+        logits = module(**packed.inputs, use_cache=False, logits_to_keep=packed.keep).logits
+        labels = responses[packed.rows, packed.cols][None]
+        finish = lambda x: unpack(x[0], packed)  # noqa: E731
+    else:
+        window = response_window(micro[FK.ATTENTION_MASK], responses.shape[1])
+        logits = _response_logits(module, _windowed_inputs(micro, window), window, prompt_cache)
+        labels = responses[:, : window.n_response]
+        finish = lambda x: _finish(x, micro, window)  # noqa: E731
     entropy_needs_grad = calculate_entropy and entropy_requires_grad and torch.is_grad_enabled()
     if not (entropy_needs_grad or calculate_sum_pi_squared):
         # The common case: one fused pass per chunk of rows (see fused_log_probs).
         log_probs, entropy = token_log_probs(logits, labels, temperature, with_entropy=calculate_entropy)
-        result = {"log_probs": _finish(log_probs, micro, window)}
+        result = {"log_probs": finish(log_probs)}
         if entropy is not None:
-            result["entropy"] = _finish(entropy, micro, window)
+            result["entropy"] = finish(entropy)
         return result
     logits = logits.float()
-    result = {"log_probs": _finish(logprobs_from_logits(logits, labels, temperature), micro, window)}
+    result = {"log_probs": finish(logprobs_from_logits(logits, labels, temperature))}
     if calculate_entropy:
         # Entropy only as a metric (entropy_coeff = 0) needs no autograd graph over the logits.
         with torch.set_grad_enabled(entropy_requires_grad and torch.is_grad_enabled()):
@@ -147,16 +226,20 @@ def response_log_probs(
                 entropy = entropy_from_logits_chunked(logits, temperature=temperature)
             else:
                 entropy = entropy_from_logits(logits, temperature)
-        result["entropy"] = _finish(entropy, micro, window)
+        result["entropy"] = finish(entropy)
     if calculate_sum_pi_squared:  # Σ_v π_v², for the optimal-token-baseline estimators
         probs = torch.softmax(logits / temperature, dim=-1)
-        result["sum_pi_squared"] = _finish(probs.square().sum(-1), micro, window)
+        result["sum_pi_squared"] = finish(probs.square().sum(-1))
     return result
 
 
 def response_values(module: torch.nn.Module, micro: TensorDict) -> dict[str, torch.Tensor]:
     """``{"values": (b, T)}``: the critic's V at the positions that predict each response token."""
     responses = micro[FK.RESPONSES]
+    if packs_rows(module) and bool(micro[FK.ATTENTION_MASK][:, -responses.shape[1]:].any()):
+        packed = pack_micro_batch(micro, responses.shape[1])
+        values = module(**packed.inputs)[0, packed.keep]  # (K,)
+        return {"values": unpack(values.float(), packed)}
     window = response_window(micro[FK.ATTENTION_MASK], responses.shape[1])
     values = module(**_windowed_inputs(micro, window))  # (b, hi − 1 − lo)
     start = window.prompt_len - 1 - window.lo

@@ -12,7 +12,9 @@ computed micro-batch by micro-batch are put back in the batch's order with
 * by token budget (``use_dynamic_bsz`` + ``*_max_token_len_per_gpu``): rows sorted by length
   (longest first, ties in batch order) and packed greedily while ``rows × longest ≤ budget``
   — the padded size of the micro-batch — so rows of similar length share a micro-batch and
-  little compute goes to padding.
+  little compute goes to padding. With ``real_tokens`` (the model packs rows without padding,
+  ``use_remove_padding``) the budget counts real tokens instead, as verl's does: the rows'
+  summed lengths stay ≤ budget.
 
 Rows that repeat a prompt (n samples each) can be planned in chunks of whole prompts
 (:func:`plan_prompt_chunks`), whose prompts then run once per chunk
@@ -36,6 +38,7 @@ class MicroBatchSpec:
 
     size: int | None = None
     max_token_len: int | None = None
+    real_tokens: bool = False  # the token budget counts real tokens (packed rows), not rows × longest
 
     def __post_init__(self) -> None:
         if (self.size is None) == (self.max_token_len is None):
@@ -57,7 +60,7 @@ def plan_micro_batches(lengths: Sequence[int] | torch.Tensor, spec: MicroBatchSp
     if spec.size is not None:
         order = _longest_first(lengths)
         return [order[start : start + spec.size] for start in range(0, len(order), spec.size)]
-    return _pack_by_tokens(lengths, int(spec.max_token_len))  # type: ignore[arg-type]
+    return _pack_by_tokens(lengths, int(spec.max_token_len), spec.real_tokens)  # type: ignore[arg-type]
 
 
 def plan_prompt_chunks(
@@ -98,7 +101,7 @@ def _longest_first(lengths: list[int]) -> list[int]:
     return sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
 
 
-def _pack_by_tokens(lengths: list[int], budget: int) -> list[list[int]]:
+def _pack_by_tokens(lengths: list[int], budget: int, real_tokens: bool = False) -> list[list[int]]:
     longest = max(lengths)
     if longest > budget:
         raise ValueError(
@@ -108,14 +111,16 @@ def _pack_by_tokens(lengths: list[int], budget: int) -> list[list[int]]:
     order = _longest_first(lengths)
     plan: list[list[int]] = []
     current: list[int] = []
-    current_max = 0
+    current_max = current_sum = 0
     for i in order:
         new_max = max(current_max, lengths[i])
-        if current and (len(current) + 1) * new_max > budget:
+        cost = current_sum + lengths[i] if real_tokens else (len(current) + 1) * new_max
+        if current and cost > budget:
             plan.append(current)
-            current, new_max = [], lengths[i]
+            current, new_max, current_sum = [], lengths[i], 0
         current.append(i)
         current_max = new_max
+        current_sum += lengths[i]
     plan.append(current)
     return plan
 

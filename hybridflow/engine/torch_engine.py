@@ -51,6 +51,7 @@ class TorchEngine(TrainEngine):
         grad_clip: float | None = 1.0,
         micro_batch_size: int | None = None,
         max_token_len: int | None = None,
+        real_token_budget: bool = False,
         device: str | torch.device = "cpu",
         autocast_dtype: torch.dtype | None = None,
     ) -> None:
@@ -70,7 +71,7 @@ class TorchEngine(TrainEngine):
         lr_lambda = build_lr_lambda(scheduler_type, warmup, total_steps, min_lr_ratio, num_cycles)
         self._scheduler = torch.optim.lr_scheduler.LambdaLR(self._optimizer, lr_lambda)
         self._grad_clip = grad_clip if grad_clip is not None and grad_clip > 0 else math.inf
-        self._train_spec = _spec_or_none(micro_batch_size, max_token_len)
+        self._train_spec = _spec_or_none(micro_batch_size, max_token_len, real_token_budget)
         self._autocast_dtype = autocast_dtype
         self._weights_version = 0
 
@@ -138,7 +139,7 @@ class TorchEngine(TrainEngine):
         self._weights_version += 1
 
 
-def _spec_or_none(micro_batch_size: int | None, max_token_len: int | None) -> MicroBatchSpec | None:
+def _spec_or_none(micro_batch_size: int | None, max_token_len: int | None, real_tokens: bool) -> MicroBatchSpec | None:
     if micro_batch_size is None and max_token_len is None:
         return None
-    return MicroBatchSpec(size=micro_batch_size, max_token_len=max_token_len)
+    return MicroBatchSpec(size=micro_batch_size, max_token_len=max_token_len, real_tokens=real_tokens)

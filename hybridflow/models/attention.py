@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from hybridflow.config import ActorRolloutRefConfig
+from hybridflow.models.packed_attention import packed_name
 
 ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa")
 EAGER_MAX_TOKENS = 256
@@ -36,4 +37,5 @@ def policy_attn_implementation(config: ActorRolloutRefConfig, device: str | torc
     max_tokens = None if rollout.prompt_length is None or rollout.response_length is None else (
         rollout.prompt_length + rollout.response_length
     )
-    return choose_attn_implementation(config.model.attn_implementation, device, max_tokens)
+    base = choose_attn_implementation(config.model.attn_implementation, device, max_tokens)
+    return packed_name(base) if config.model.use_remove_padding else base

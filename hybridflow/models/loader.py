@@ -16,6 +16,7 @@ from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from hybridflow.models.sources import resolve_model_path
+from hybridflow.utils.errors import InputError
 
 DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
@@ -25,7 +26,7 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(InputError, RuntimeError):
     """A model folder exists but its contents cannot be loaded (corrupt or incomplete files)."""
 
 

@@ -8,6 +8,7 @@ head is seeded and small (std = the config's ``initializer_range``).
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -45,10 +46,12 @@ class ValueHeadModel(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        **kwargs: Any,
     ) -> torch.Tensor:
-        """Values for every position: input_ids (B, L) → (B, L) float32."""
+        """Values for every position: input_ids (B, L) → (B, L) float32. ``kwargs`` go to the
+        backbone (``cu_seq_lens_q`` etc. of a packed micro-batch)."""
         out = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kwargs
         )
         hidden = out.last_hidden_state.float()
         return self.v_head(hidden).squeeze(-1)

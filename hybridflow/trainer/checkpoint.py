@@ -3,33 +3,59 @@
 ::
 
     {default_local_dir}/
-      latest_checkpointed_iteration.txt     "N" — written last, atomically
+      latest_checkpointed_iteration.txt     "N" — written after the commit, atomically
       global_step_N/
         actor/                              written by the actor worker group
         critic/                             written by the critic worker group (if any)
-        data.pt                             controller state: dataloader position, step, KL
-                                            controller, RNG streams
+        controller_state.json               controller state: step, dataloader position, KL
+                                            controller, RNG streams (JSON: data, never code)
+        checkpoint_manifest.json            every file above with its size; written last
 
-A checkpoint is first written to ``global_step_N.partial/`` and renamed into place only when
-every part is on disk, so a crash mid-save never leaves a folder that looks complete.
+A checkpoint is first written to ``global_step_N.partial/``; every file and folder in it is
+fsynced, the manifest is written, and the folder is renamed into place, so a crash or power
+loss mid-save never leaves a folder that looks complete. Resuming checks the manifest: a
+checkpoint whose files are missing or of the wrong size is reported and, under
+``resume_mode=auto``, skipped for the newest complete one.
+
+Checkpoints written before this format kept the controller state in a pickle (``data.pt``);
+they are refused with a message naming :mod:`hybridflow.trainer.checkpoint_upgrade`, the
+explicit command that converts them.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from hybridflow.engine.checkpoint import fsync_dir, fsync_tree
+from hybridflow.utils.errors import InputError
+
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
-CONTROLLER_STATE = "data.pt"
+CONTROLLER_STATE = "controller_state.json"
+LEGACY_CONTROLLER_STATE = "data.pt"
+MANIFEST_FILE = "checkpoint_manifest.json"
+CHECKPOINT_FORMAT = "hybridflow-checkpoint"
+CHECKPOINT_VERSION = 2
+UPGRADE_COMMAND = "python -m hybridflow.trainer.checkpoint_upgrade"
+
+
+class CheckpointError(InputError, ValueError):
+    """A checkpoint folder is incomplete, damaged or not one; the message names the file."""
+
+
+class LegacyCheckpointError(CheckpointError):
+    """A checkpoint of the pickle format (``data.pt``) that only the upgrade command reads."""
 
 
 @dataclass(frozen=True)
@@ -60,18 +86,72 @@ def begin_checkpoint(default_local_dir: str | os.PathLike, step: int) -> Checkpo
 
 
 def commit_checkpoint(paths: CheckpointPaths, step: int, keep: int | None) -> None:
-    """Move the staged checkpoint into place, point ``latest`` at it, prune old ones."""
-    if paths.root.exists():
-        shutil.rmtree(paths.root)
+    """Write the manifest, fsync, move the staged checkpoint into place, point ``latest`` at
+    it, prune old ones."""
+    write_manifest(paths.staging, step)
+    fsync_tree(paths.staging)
+    old = None
+    if paths.root.exists():  # the same step saved again (after a fallback): set the old one aside first
+        old = Path(tempfile.mkdtemp(prefix=f".{paths.root.name}.old-", dir=paths.root.parent))
+        os.replace(paths.root, old / paths.root.name)
     os.replace(paths.staging, paths.root)
-    _atomic_write_text(paths.root.parent / LATEST_FILE, str(step))
+    fsync_dir(paths.root.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    atomic_write_text(paths.root.parent / LATEST_FILE, str(step))
     if keep is not None and keep > 0:
-        for old in list_checkpoints(paths.root.parent)[:-keep]:
-            shutil.rmtree(old[1], ignore_errors=True)
+        # Only steps up to this one count: later folders belong to a run that was rewound past
+        # them (resumed from an older checkpoint) and are replaced when their step is saved again.
+        earlier = [folder for s, folder in list_checkpoints(paths.root.parent) if s <= step]
+        for folder in earlier[:-keep]:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def write_manifest(folder: Path, step: int) -> None:
+    """``checkpoint_manifest.json``: every file under ``folder`` with its size in bytes."""
+    files = {
+        str(path.relative_to(folder)): path.stat().st_size
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != MANIFEST_FILE
+    }
+    manifest = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "step": step, "files": files}
+    atomic_write_text(folder / MANIFEST_FILE, json.dumps(manifest, indent=1) + "\n")
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Raise :class:`CheckpointError` naming the first missing or wrong-sized file of ``path``
+    (:class:`LegacyCheckpointError` for a checkpoint of the pickle format)."""
+    manifest_file = path / MANIFEST_FILE
+    if not manifest_file.is_file():
+        if (path / LEGACY_CONTROLLER_STATE).is_file():
+            raise LegacyCheckpointError(legacy_message(path))
+        raise CheckpointError(f"{path} is not a complete checkpoint: {MANIFEST_FILE} is missing")
+    try:
+        manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+        files = manifest["files"]
+        ok = manifest.get("format") == CHECKPOINT_FORMAT and isinstance(files, dict)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{manifest_file} is damaged ({type(err).__name__}: {err})") from err
+    if not ok:
+        raise CheckpointError(f"{manifest_file} is not a hybridflow checkpoint manifest")
+    for name, size in files.items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{file} is missing (listed in {MANIFEST_FILE})")
+        if file.stat().st_size != size:
+            raise CheckpointError(f"{file} is damaged: {file.stat().st_size} bytes, {size} when it was saved")
+
+
+def legacy_message(path: Path) -> str:
+    return (
+        f"{path / LEGACY_CONTROLLER_STATE} is a controller state of the old pickle format, which is not loaded "
+        f"(unpickling can run code stored in the file). If you trust this checkpoint, convert it once with "
+        f"`{UPGRADE_COMMAND} {path.parent}` (it reads tensors and plain values only), then resume"
+    )
 
 
 def list_checkpoints(default_local_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """Complete checkpoints, oldest first (staging folders are ignored)."""
+    """Committed checkpoint folders, oldest first (staging folders are ignored; not verified)."""
     root = Path(default_local_dir)
     if not root.is_dir():
         return []
@@ -79,11 +159,13 @@ def list_checkpoints(default_local_dir: str | os.PathLike) -> list[tuple[int, Pa
     return sorted(found)
 
 
-def find_resume_checkpoint(default_local_dir: str | os.PathLike, resume_mode: str, resume_from_path: str | None) -> Path | None:
+def find_resume_checkpoint(
+    default_local_dir: str | os.PathLike, resume_mode: str, resume_from_path: str | None
+) -> Path | None:
     """The checkpoint folder to resume from, or None to start fresh.
 
-    ``auto``: the step named in latest_checkpointed_iteration.txt (falling back to the newest
-    complete folder); ``disable``: never; ``resume_path``: exactly ``resume_from_path``.
+    ``auto``: the newest complete checkpoint; a damaged newer one is reported and skipped.
+    ``disable``: never; ``resume_path``: exactly ``resume_from_path`` (an error if damaged).
     """
     if resume_mode == "disable":
         return None
@@ -91,22 +173,31 @@ def find_resume_checkpoint(default_local_dir: str | os.PathLike, resume_mode: st
         if not resume_from_path:
             raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
         path = Path(resume_from_path)
-        if not STEP_DIR.match(path.name) or not (path / CONTROLLER_STATE).is_file():
-            raise ValueError(f"trainer.resume_from_path={path} is not a complete global_step_N checkpoint folder")
+        if not STEP_DIR.match(path.name) or not path.is_dir():
+            raise CheckpointError(f"trainer.resume_from_path={path} is not a complete global_step_N checkpoint folder")
+        verify_checkpoint(path)
         return path
     if resume_mode != "auto":
         raise ValueError(f"trainer.resume_mode must be auto, disable or resume_path, got {resume_mode!r}")
-    root = Path(default_local_dir)
-    latest = root / LATEST_FILE
-    if latest.is_file():
-        text = latest.read_text().strip()
-        if not text.isdigit():
-            raise ValueError(f"{latest} is corrupt: expected a step number, found {text!r}")
-        path = root / f"global_step_{text}"
-        if (path / CONTROLLER_STATE).is_file():
-            return path
-    complete = [p for _, p in list_checkpoints(root) if (p / CONTROLLER_STATE).is_file()]
-    return complete[-1] if complete else None
+    problems: list[str] = []
+    for _, path in reversed(list_checkpoints(default_local_dir)):
+        try:
+            verify_checkpoint(path)
+        except LegacyCheckpointError:
+            raise
+        except CheckpointError as err:
+            problems.append(str(err))
+            continue
+        if problems:
+            print(f"resume: skipping damaged checkpoint(s): {'; '.join(problems)}. "
+                  f"Resuming from {path}, the newest complete one")
+        return path
+    if problems:
+        raise CheckpointError(
+            f"no complete checkpoint in {default_local_dir}: {'; '.join(problems)}. "
+            "Repair or move the damaged folders, or start over with trainer.resume_mode=disable"
+        )
+    return None
 
 
 def step_of(path: Path) -> int:
@@ -116,31 +207,75 @@ def step_of(path: Path) -> int:
     return int(m.group(1))
 
 
+# ---------------------------------------------------------------------------------- RNG state
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Python, numpy and torch (CPU) RNG states as plain JSON values."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": {"version": version, "state": list(internal), "gauss_next": gauss},
+        "numpy": {"kind": kind, "keys": [int(k) for k in keys], "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": bytes(torch.get_rng_state().tolist()).hex(),
+    }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    """Inverse of :func:`rng_state`; a malformed state raises ``ValueError``/``TypeError``/``KeyError``."""
+    py, npy = state["python"], state["numpy"]
+    random.setstate((int(py["version"]), tuple(int(x) for x in py["state"]), py["gauss_next"]))
+    keys = np.asarray([int(k) for k in npy["keys"]], dtype=np.uint32)
+    np.random.set_state((str(npy["kind"]), keys, int(npy["pos"]), int(npy["has_gauss"]), float(npy["cached_gaussian"])))
+    torch.set_rng_state(torch.tensor(list(bytes.fromhex(state["torch"])), dtype=torch.uint8))
 
 
+# ---------------------------------------------------------------------------------- controller state
 def save_controller_state(path: Path, state: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def load_controller_state(path: Path) -> dict[str, Any]:
-    file = path / CONTROLLER_STATE
+    """``state`` (plain JSON values) to ``path`` atomically: temporary file, fsync, rename."""
     try:
-        return torch.load(file, weights_only=False)
-    except Exception as e:  # corrupt or truncated file: name it
-        raise ValueError(f"cannot read controller state {file}: {type(e).__name__}: {e}") from e
+        text = json.dumps({"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, **state})
+    except TypeError as err:
+        raise TypeError(f"controller state for {path} must hold plain JSON values: {err}") from err
+    atomic_write_text(path, text + "\n")
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def load_controller_state(path: Path, required: tuple[str, ...] = ("global_steps",)) -> dict[str, Any]:
+    """The controller state of checkpoint folder ``path``; every ``required`` key must be there."""
+    file = path / CONTROLLER_STATE
+    if not file.is_file():
+        if (path / LEGACY_CONTROLLER_STATE).is_file():
+            raise LegacyCheckpointError(legacy_message(path))
+        raise CheckpointError(f"{file} is missing")
+    try:
+        state = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:  # damaged, truncated, or not JSON at all
+        raise CheckpointError(f"cannot read controller state {file}: {type(err).__name__}: {err}") from err
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{file} is not a hybridflow controller state (no format {CHECKPOINT_FORMAT!r})")
+    missing = [key for key in required if key not in state]
+    if missing:
+        raise CheckpointError(f"{file} lacks {', '.join(missing)}")
+    if not isinstance(state.get("global_steps"), int) or state["global_steps"] < 0:
+        found = state.get("global_steps")
+        raise CheckpointError(f"{file}: global_steps must be a non-negative integer, found {found!r}")
+    return state
+
+
+def restore_entry(checkpoint: Path, state: dict[str, Any], key: str, load: Callable[[Any], None]) -> None:
+    """``load(state[key])``; a malformed or mismatching entry is reported with the file and key."""
+    try:
+        load(state[key])
+    except (KeyError, ValueError, TypeError, IndexError) as err:
+        raise CheckpointError(f"{checkpoint / CONTROLLER_STATE}: entry {key!r} cannot be restored: {err}") from err
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file, fsync it, rename it over ``path``, fsync the folder."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_dir(path.parent)
+

@@ -49,6 +49,7 @@ from hybridflow.workers.reward import (
     load_custom_reward_function,
 )
 from hybridflow.workers.reward.executors import ERROR, OK, TIMEOUT
+from hybridflow.utils.errors import run_main
 
 logger = logging.getLogger("hybridflow.eval")
 
@@ -348,15 +349,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="key=value, e.g. data.path=gen.parquet")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    try:
+
+    def body() -> int:
         cfg = load_eval_config(args.config, args.overrides)
         report = evaluate(cfg)
-    except (ConfigError, DataFileError, DataRowError) as err:
-        print(f"hybridflow eval: {err}", file=sys.stderr)
-        return 2
-    print(format_table(report))
-    print(f"wrote {write_report(report, report_path(cfg))}")
-    return 0
+        print(format_table(report))
+        print(f"wrote {write_report(report, report_path(cfg))}")
+        return 0
+
+    return run_main("hybridflow eval", body)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from hybridflow.config import ConfigError, RolloutConfig, load_structured, to_di
 from hybridflow.config.build import check_leaves
 from hybridflow.config.spec import section, setting
 from hybridflow.data import DataFileError, DataRowError, left_pad, read_rows, truncate_ids
-from hybridflow.models import ModelLoadError, load_model_and_tokenizer
+from hybridflow.models import load_model_and_tokenizer
 from hybridflow.protocol import DataProto
 from hybridflow.utils.precision import resolve_compute_dtype
 from hybridflow.trainer.generation_journal import GenerationJournal
@@ -45,6 +45,7 @@ from hybridflow.trainer.main_ppo import ensure_builtin_task_files, resolve_devic
 from hybridflow.workers.rollout.base import BaseRollout
 from hybridflow.workers.rollout.torch_rollout import TorchRollout
 from hybridflow.utils.allocator import keep_freed_memory
+from hybridflow.utils.errors import InputError, debug_enabled, one_paragraph
 
 # --- config --------------------------------------------------------------------------------
 
@@ -258,8 +259,10 @@ def main(argv: list[str] | None = None) -> int:
                                                     trust_remote_code=cfg.model.trust_remote_code)
         model = model.to(device)
         output = generate_file(cfg, build_rollout(cfg, model, tokenizer), tokenizer)
-    except (ConfigError, DataFileError, DataRowError, ModelLoadError, FileNotFoundError, ValueError) as err:
-        print(f"hybridflow generate: {err}", file=sys.stderr)
+    except (InputError, FileNotFoundError, ValueError) as err:  # ValueError: bad sizes found while sampling
+        if debug_enabled():
+            raise
+        print(f"hybridflow generate: {one_paragraph(err)}", file=sys.stderr)
         return 2
     print(f"wrote {output} ({cfg.data.n_samples} responses per prompt in column {F.RESPONSES!r})")
     return 0

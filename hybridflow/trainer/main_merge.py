@@ -150,7 +150,11 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"checkpoint reader: auto or one of {', '.join(CHECKPOINT_READERS.names())}")
         p.add_argument("--hf_model_config_path", "--hf-model-config-path", default=None,
                        help="base model folder: config/tokenizer for checkpoints saved without hf_config/ or tokenizer/")
-    merge.add_argument("--target_dir", "--target-dir", required=True, help="output folder (replaced if it exists)")
+    merge.add_argument("--target_dir", "--target-dir", required=True,
+                       help="output folder: new, empty, or an earlier export's (its files are replaced)")
+    merge.add_argument("--overwrite", action="store_true",
+                       help="also write into a non-empty folder that no export made: files of the same names are "
+                            "replaced, nothing else is removed")
     merge.add_argument("--lora", choices=LORA_MODES, default="merge",
                        help="LoRA checkpoints: merged weights or the adapter alone")
     merge.add_argument("--base_model_name_or_path", "--base-model-name-or-path", default=None,
@@ -169,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "merge":
             out = merge_checkpoint(args.local_dir, args.target_dir, hf_model_config_path=args.hf_model_config_path,
                                    backend=args.backend, lora=args.lora, dtype=args.dtype,
-                                   base_model_name_or_path=args.base_model_name_or_path)
+                                   base_model_name_or_path=args.base_model_name_or_path, overwrite=args.overwrite)
             print(f"wrote {out}")
             return 0
         candidate = candidate_state_dict(args.local_dir, args.hf_model_config_path, args.backend)

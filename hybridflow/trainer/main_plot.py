@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from hybridflow.trainer.plot import plot_run
+from hybridflow.utils.errors import run_main
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -12,5 +13,4 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", help="a run directory containing metrics.jsonl")
     parser.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/curves.png)")
     args = parser.parse_args(argv)
-    print(plot_run(args.run_dir, args.out))
-    return 0
+    return run_main("hybridflow plot", lambda: print(plot_run(args.run_dir, args.out)))

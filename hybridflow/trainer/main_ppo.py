@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -25,11 +27,22 @@ from hybridflow.trainer.plot import plot_run
 from hybridflow.trainer.ppo_trainer import PPOTrainer, WorkerGroups
 from hybridflow.workers.critic import CriticWorker
 from hybridflow.workers.placement import actor_rollout_ref_roles
-from hybridflow.workers.reward import build_reward_manager, load_custom_reward_function
+from hybridflow.workers.reward import CustomRewardFunction, build_reward_manager
 from hybridflow.workers.rollout.worker import RolloutWorker
 from hybridflow.utils.allocator import keep_freed_memory
+from hybridflow.utils.errors import run_main
 
 BUILTIN_DATA_ROOT = Path("~/data/hybridflow").expanduser()
+T = TypeVar("T")
+
+
+def _builtin_task_to_write(file: str) -> Path | None:
+    """The folder of the built-in task to write for ``file`` (a missing default path
+    ``~/data/hybridflow/<task>/...``), or None."""
+    path = Path(file).expanduser()
+    if path.exists() or path.parent.parent != BUILTIN_DATA_ROOT or path.parent.name not in TASKS:
+        return None
+    return path.parent
 
 
 def ensure_builtin_task_files(files: tuple[str, ...]) -> None:
@@ -37,12 +50,35 @@ def ensure_builtin_task_files(files: tuple[str, ...]) -> None:
     from hybridflow.data.__main__ import main as data_main
 
     for file in files:
-        path = Path(file).expanduser()
-        if path.exists() or path.parent.parent != BUILTIN_DATA_ROOT or path.parent.name not in TASKS:
+        folder = _builtin_task_to_write(file)
+        if folder is None or Path(file).expanduser().exists():  # an earlier file of the list wrote it
             continue
-        print(f"{path} not found: writing the built-in {path.parent.name!r} task there")
-        if data_main([path.parent.name, "--out", str(path.parent)]) != 0:
-            raise RuntimeError(f"could not write the built-in task files into {path.parent}")
+        print(f"{Path(file).expanduser()} not found: writing the built-in {folder.name!r} task there")
+        if data_main([folder.name, "--out", str(folder)]) != 0:
+            raise RuntimeError(f"could not write the built-in task files into {folder}")
+
+
+def check_data_files(files_by_key: dict[str, tuple[str, ...]]) -> None:
+    """Every data file exists or is a built-in task's default path; an error names the key."""
+    for key, files in files_by_key.items():
+        for file in files:
+            if not Path(file).expanduser().exists() and _builtin_task_to_write(file) is None:
+                raise FileNotFoundError(f"{key}: {file} does not exist")
+
+
+def build_datasets_validated(
+    files_by_key: dict[str, tuple[str, ...]], build: Callable[[str, list[str]], T]
+) -> dict[str, T]:
+    """``build(key, files)`` for each config key's files, validating before anything is written:
+    every file is checked, the datasets of the user's own files are built (their rows checked)
+    first, and only then are missing built-in tasks written and their datasets built."""
+    check_data_files(files_by_key)
+    waiting = {key: files for key, files in files_by_key.items() if any(_builtin_task_to_write(f) for f in files)}
+    built = {key: build(key, list(files)) for key, files in files_by_key.items() if key not in waiting}
+    for key, files in waiting.items():
+        ensure_builtin_task_files(files)
+        built[key] = build(key, list(files))
+    return {key: built[key] for key in files_by_key}
 
 
 def resolve_device(device: str) -> str:
@@ -53,7 +89,6 @@ def resolve_device(device: str) -> str:
 
 def build_loaders(config: PPOConfig, tokenizer) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
     data = config.data
-    ensure_builtin_task_files(tuple(data.train_files) + tuple(data.val_files))
     common = dict(
         prompt_key=data.prompt_key,
         max_prompt_length=data.max_prompt_length,
@@ -62,13 +97,18 @@ def build_loaders(config: PPOConfig, tokenizer) -> tuple[StatefulDataLoader, Sta
         return_raw_chat=data.return_raw_chat,
         chat_template_kwargs=dict(data.apply_chat_template_kwargs),
     )
+    limits = {"data.train_files": _samples(data.max_samples), "data.val_files": _samples(data.val_max_samples)}
+    files = {"data.train_files": tuple(data.train_files), "data.val_files": tuple(data.val_files)}
+    datasets = build_datasets_validated(
+        {k: v for k, v in files.items() if v},
+        lambda key, key_files: RLDataset(key_files, tokenizer, max_samples=limits[key], **common),
+    )
     seed = config.trainer.seed if data.seed is None else data.seed
-    train = RLDataset(list(data.train_files), tokenizer, max_samples=_samples(data.max_samples), **common)
     gen_batch = data.gen_batch_size or data.train_batch_size  # larger only for DAPO dynamic sampling
-    train_loader = StatefulDataLoader(train, gen_batch, shuffle=data.shuffle, seed=seed)
+    train_loader = StatefulDataLoader(datasets["data.train_files"], gen_batch, shuffle=data.shuffle, seed=seed)
     if not data.val_files:
         return train_loader, None
-    val = RLDataset(list(data.val_files), tokenizer, max_samples=_samples(data.val_max_samples), **common)
+    val = datasets["data.val_files"]
     val_loader = StatefulDataLoader(
         val, data.val_batch_size or len(val), shuffle=data.validation_shuffle, seed=seed, drop_last=False
     )
@@ -81,10 +121,11 @@ def _samples(max_samples: int) -> int | None:
 
 def build_reward_fns(config: PPOConfig, tokenizer):
     """The training and validation reward managers: one object, as both use the same scorer and
-    settings, so the run keeps one set of scoring processes (see ``ScorerPool``)."""
+    settings, so the run keeps one set of scoring processes (see ``ScorerPool``). A custom
+    reward file is imported in those processes, never here (see ``CustomRewardFunction``)."""
     custom = config.custom_reward_function
     compute_score = (
-        load_custom_reward_function(custom.path, custom.name, dict(custom.reward_kwargs)) if custom.path else None
+        CustomRewardFunction(custom.path, custom.name, dict(custom.reward_kwargs)) if custom.path else None
     )
     rm = config.reward_model
     extra = {}
@@ -95,7 +136,12 @@ def build_reward_fns(config: PPOConfig, tokenizer):
             overlong_buffer_len=rm.overlong_buffer.len,
             overlong_penalty_factor=rm.overlong_buffer.penalty_factor,
         )
-    kwargs = dict(compute_score=compute_score, reward_fn_key=config.data.reward_fn_key, timeout_s=rm.timeout_s, **extra)
+    if rm.reward_manager == "prime":
+        extra["num_workers"] = rm.num_workers
+    kwargs = dict(
+        compute_score=compute_score, reward_fn_key=config.data.reward_fn_key, timeout_s=rm.timeout_s,
+        memory_limit_mb=rm.memory_limit_mb, **extra,
+    )
     manager = build_reward_manager(rm.reward_manager, tokenizer, **kwargs)
     return manager, manager
 
@@ -142,6 +188,7 @@ def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> W
 
 def build_trainer(config: PPOConfig) -> PPOTrainer:
     torch.manual_seed(config.trainer.seed)
+    check_data_files({"data.train_files": tuple(config.data.train_files), "data.val_files": tuple(config.data.val_files)})
     model_path = resolve_model_path(config.actor_rollout_ref.model.path)
     tokenizer = load_tokenizer(config.data.tokenizer or model_path)
     train_loader, val_loader = build_loaders(config, tokenizer)
@@ -184,8 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"hybridflow train: invalid config:\n{exc}", file=sys.stderr)
         return 2
-    run(config)
-    return 0
+    return run_main("hybridflow train", lambda: run(config) and 0)
 
 
 if __name__ == "__main__":

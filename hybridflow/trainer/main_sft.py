@@ -22,9 +22,11 @@ from hybridflow.config import ConfigError, SFTConfig, load_sft_config
 from hybridflow.config.build import to_dict
 from hybridflow.data import StatefulDataLoader
 from hybridflow.data.sft_dataset import SFTDataset
+from hybridflow.engine.checkpoint import CheckpointFileError
 from hybridflow.models import ModelLoadError, choose_attn_implementation, load_model_and_tokenizer
 from hybridflow.tracking import Tracking
-from hybridflow.trainer.main_ppo import ensure_builtin_task_files, resolve_device
+from hybridflow.trainer.checkpoint import CheckpointError
+from hybridflow.trainer.main_ppo import build_datasets_validated, check_data_files, resolve_device
 from hybridflow.trainer.sft_trainer import HF_FOLDER, SFTTrainer
 from hybridflow.workers.engine_factory import build_engine
 from hybridflow.workers.ppo_loop import micro_batch_spec
@@ -34,7 +36,6 @@ from hybridflow.utils.allocator import keep_freed_memory
 def build_sft_loaders(config: SFTConfig, tokenizer) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
     """Training loader (train_batch_size, resumable) and validation loader (micro_batch_size_per_gpu)."""
     data = config.data
-    ensure_builtin_task_files(tuple(data.train_files) + tuple(data.val_files))
     common = dict(
         prompt_key=data.prompt_key,
         response_key=data.response_key,
@@ -44,11 +45,15 @@ def build_sft_loaders(config: SFTConfig, tokenizer) -> tuple[StatefulDataLoader,
         chat_template_kwargs=dict(data.apply_chat_template_kwargs),
     )
     seed = config.trainer.seed if data.seed is None else data.seed
-    train = SFTDataset(list(data.train_files), tokenizer, **common)
-    train_loader = StatefulDataLoader(train, data.train_batch_size, shuffle=data.shuffle, seed=seed)
+    files = {"data.train_files": tuple(data.train_files), "data.val_files": tuple(data.val_files)}
+    # A bad file of the user's fails before a missing built-in task is written into ~/data.
+    datasets = build_datasets_validated(
+        {key: value for key, value in files.items() if value}, lambda _, key_files: SFTDataset(key_files, tokenizer, **common)
+    )
+    train_loader = StatefulDataLoader(datasets["data.train_files"], data.train_batch_size, shuffle=data.shuffle, seed=seed)
     if not data.val_files:
         return train_loader, None
-    val = SFTDataset(list(data.val_files), tokenizer, **common)
+    val = datasets["data.val_files"]
     val_loader = StatefulDataLoader(val, data.micro_batch_size_per_gpu, shuffle=False, seed=seed, drop_last=False)
     return train_loader, val_loader
 
@@ -57,6 +62,7 @@ def build_sft_trainer(config: SFTConfig) -> SFTTrainer:
     """Everything :class:`SFTTrainer` needs, built from the config."""
     torch.manual_seed(config.trainer.seed)
     model_cfg, data = config.model, config.data
+    check_data_files({"data.train_files": tuple(data.train_files), "data.val_files": tuple(data.val_files)})
     target_modules = model_cfg.target_modules
     module, tokenizer = load_model_and_tokenizer(
         model_cfg.path,
@@ -128,7 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ModelLoadError, FileNotFoundError) as exc:  # bad data, sizes or model path
         print(f"hybridflow sft: error: {exc}", file=sys.stderr)
         return 2
-    run(trainer)
+    try:
+        run(trainer)
+    except (CheckpointError, CheckpointFileError) as exc:  # a damaged, old-format or refused checkpoint file
+        print(f"hybridflow sft: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

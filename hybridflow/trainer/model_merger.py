@@ -14,43 +14,54 @@ module's names: the single-process ``torch`` engine's one ``model.safetensors``,
 engine's per-rank DCP shards (``model/__r_0.distcp`` + ``fsdp_meta.json``) reassembled into the
 same full state dict.
 
-Output (``target_dir``, written atomically): ``model.safetensors`` + ``config.json`` +
-``generation_config.json`` + tokenizer files, loadable with
-``AutoModelForCausalLM.from_pretrained``. A LoRA checkpoint is exported either merged
-(``W + (α/r)·B·A`` folded into the base weights, a plain model) or as the adapter alone
-(``adapter_model.safetensors`` + ``adapter_config.json``, peft format, on top of the base
-model named in ``base_model_name_or_path``).
+Output (``target_dir``): ``model.safetensors`` + ``config.json`` + ``generation_config.json``
++ tokenizer files, loadable with ``AutoModelForCausalLM.from_pretrained``, and
+``.hybridflow_export.json`` listing the files the export wrote. The files are written to a
+temporary folder first; a new or empty target is then replaced in one rename. A non-empty
+target is written into only if an earlier export made it (its list is there) or with
+``overwrite``; either way the export's files replace their namesakes and nothing else in the
+folder is removed, except files an earlier export listed and this one does not write.
+A target inside the checkpoint itself is refused.
+
+A LoRA checkpoint is exported either merged (``W + (α/r)·B·A`` folded into the base weights,
+a plain model) or as the adapter alone (``adapter_model.safetensors`` + ``adapter_config.json``,
+peft format, on top of the base model named in ``base_model_name_or_path``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from hybridflow.engine.checkpoint import MODEL_FILE, atomic_directory
+from hybridflow.engine.checkpoint import MODEL_FILE, fsync_dir, fsync_tree
 from hybridflow.engine.fsdp_checkpoint import is_fsdp_checkpoint, read_full_model_state
 from hybridflow.models.hf_metadata import ADAPTER_CONFIG_FILE, CONFIG_FILE, GENERATION_CONFIG_FILE, HF_CONFIG_DIR
 from hybridflow.trainer.checkpoint import LATEST_FILE
 from hybridflow.utils.registry import Registry
+from hybridflow.utils.errors import InputError
 
 TOKENIZER_DIR = "tokenizer"  # the actor writes its tokenizer here, next to the weights
 ACTOR_DIR = "actor"
 LORA_MODES: tuple[str, ...] = ("merge", "adapter")
 EXPORT_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _LORA_MARK = ".lora_"
+EXPORT_MANIFEST = ".hybridflow_export.json"  # the files an export wrote: what a later export may replace
 
 logger = logging.getLogger("hybridflow.export")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError, ValueError):
     """A checkpoint is missing, corrupt, or lacks what the export needs; the message says which."""
 
 
@@ -276,9 +287,12 @@ def merge_checkpoint(
     dtype: str = "auto",
     base_model_name_or_path: str | None = None,
     trust_remote_code: bool = False,
+    overwrite: bool = False,
 ) -> Path:
     """Export the checkpoint at ``local_dir`` as a Hugging Face folder ``target_dir``.
 
+    ``target_dir`` must be new, empty, or an earlier export's folder; ``overwrite`` also allows
+    a folder with other files (they are kept; see :func:`write_export`).
     ``lora``: ``merge`` (a plain model with merged weights) or ``adapter`` (the adapter alone;
     LoRA checkpoints only). ``dtype``: ``auto`` (as stored), ``fp32``, ``bf16`` or ``fp16``.
     ``base_model_name_or_path``: what an adapter export names as its base model (default: the
@@ -291,6 +305,8 @@ def merge_checkpoint(
         raise CheckpointError(
             f"{source.weights_dir} was not trained with LoRA (no {ADAPTER_CONFIG_FILE}); export it with lora=merge"
         )
+    target = Path(target_dir)
+    earlier = check_export_target(target, source.weights_dir, overwrite)  # before any work or write
     model = build_model(source, trust_remote_code)
     if lora == "merge":
         model = merged_model(model)
@@ -299,8 +315,9 @@ def merge_checkpoint(
             adapter_config.base_model_name_or_path = base_model_name_or_path
     stored = next(p.dtype for p in model.parameters() if p.is_floating_point())
     model = model.to(export_dtype(dtype, stored))
-    with atomic_directory(target_dir) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder, safe_serialization=True)
         if source.tokenizer_dir is None:
             logger.warning("%s has no %s/ and no hf_model_config_path was given: exporting without a tokenizer",
                            source.weights_dir, TOKENIZER_DIR)
@@ -308,5 +325,80 @@ def merge_checkpoint(
             tokenizer = AutoTokenizer.from_pretrained(
                 source.tokenizer_dir, local_files_only=True, trust_remote_code=trust_remote_code
             )
-            tokenizer.save_pretrained(tmp)
-    return Path(target_dir)
+            tokenizer.save_pretrained(folder)
+
+    write_export(target, earlier, write)
+    return target
+
+
+# --- the target folder ---------------------------------------------------------------------
+
+
+def check_export_target(target: Path, weights_dir: Path, overwrite: bool) -> list[str]:
+    """May the export write into ``target``? Returns the files an earlier export listed there
+    (replaceable); raises :class:`CheckpointError` when the target must be left alone."""
+    if target.exists() and not target.is_dir():
+        raise CheckpointError(f"target_dir {target} exists and is not a folder")
+    inside = target.resolve()
+    if inside == weights_dir.resolve() or weights_dir.resolve() in inside.parents:
+        raise CheckpointError(
+            f"target_dir {target} is inside the checkpoint being exported ({weights_dir}): the export's "
+            "model.safetensors would replace the checkpoint's; choose another folder"
+        )
+    if not target.is_dir() or not any(target.iterdir()):
+        return []
+    if (target / EXPORT_MANIFEST).is_file():
+        return _listed_files(target / EXPORT_MANIFEST)
+    if overwrite:
+        return []
+    entries = sorted(p.name + ("/" if p.is_dir() else "") for p in target.iterdir())
+    shown = ", ".join(entries[:6]) + (", ..." if len(entries) > 6 else "")
+    raise CheckpointError(
+        f"target_dir {target} is not empty ({shown}) and was not written by hybridflow export; refusing to "
+        "write into it. Choose a new folder, or pass --overwrite (overwrite=True) to write the export into it: "
+        "files of the same names are replaced, nothing else is removed"
+    )
+
+
+def _listed_files(manifest: Path) -> list[str]:
+    """The relative file names an earlier export listed; names that would leave the folder are refused."""
+    try:
+        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{manifest} is damaged ({type(err).__name__}: {err}); remove it or choose another target") from err
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise CheckpointError(f"{manifest}: 'files' must be a list of file names")
+    bad = [f for f in files if PurePosixPath(f).is_absolute() or ".." in PurePosixPath(f).parts or not f]
+    if bad:
+        raise CheckpointError(f"{manifest} lists names outside the folder: {bad[:3]}")
+    return files
+
+
+def write_export(target: Path, earlier: list[str], write: Callable[[Path], None]) -> None:
+    """Run ``write`` into a temporary folder next to ``target``, then move its files into place.
+
+    A missing or empty ``target`` is replaced in one rename. Otherwise each written file
+    replaces its namesake, files of ``earlier`` (an earlier export's) not written again are
+    removed, and every other file stays.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.export-", dir=target.parent))
+    try:
+        write(tmp)
+        written = sorted(str(p.relative_to(tmp).as_posix()) for p in tmp.rglob("*") if p.is_file())
+        (tmp / EXPORT_MANIFEST).write_text(json.dumps({"files": written}, indent=1) + "\n", encoding="utf-8")
+        fsync_tree(tmp)
+        if not target.exists() or not any(target.iterdir()):
+            if target.exists():
+                target.rmdir()
+            os.replace(tmp, target)
+            fsync_dir(target.parent)
+            return
+        for name in [*written, EXPORT_MANIFEST]:
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp / name, target / name)
+        for name in set(earlier) - set(written) - {EXPORT_MANIFEST}:
+            (target / name).unlink(missing_ok=True)
+        fsync_dir(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

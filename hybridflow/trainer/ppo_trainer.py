@@ -155,9 +155,9 @@ class PPOTrainer:
             is_last = self.global_steps == self.total_training_steps
             if (is_last or self._due(trainer_cfg.test_freq, is_last)) and self.val_loader is not None:
                 last |= self.validate()
+            self.tracking.log(last, step=self.global_steps)  # before the commit; rows past it: Tracking.rewind
             if self._due(trainer_cfg.save_freq, is_last):
                 self.save_checkpoint()
-            self.tracking.log(last, step=self.global_steps)
             progress.set_postfix(score=f"{last['critic/score/mean']:.3f}", step_s=f"{last['timing_s/step']:.1f}")
             progress.update(1)
         progress.close()
@@ -462,39 +462,43 @@ class PPOTrainer:
         self.workers.actor.save_checkpoint(str(paths.actor))
         if self.use_critic:
             self.workers.critic.save_checkpoint(str(paths.critic))
-        state = {
-            "global_steps": self.global_steps,
-            "dataloader": self.train_loader.state_dict(),
-            "kl_ctrl": self.kl_ctrl.state_dict(),
-            "rng": ckpt.rng_state(),
-        }
+        state = {"global_steps": self.global_steps, "dataloader": self.train_loader.state_dict(),
+                 "kl_ctrl": self.kl_ctrl.state_dict(), "rng": ckpt.rng_state()}  # plain JSON values
         ckpt.save_controller_state(paths.controller_state, state)
         ckpt.commit_checkpoint(paths, self.global_steps, trainer_cfg.max_actor_ckpt_to_keep)
         return paths.root
 
     def close(self) -> None:
-        """Flush the loggers and stop the worker processes (Ray actors, reward scorers) of this run."""
-        self.tracking.finish()
-        for group in self.workers.owners:
-            group.shutdown()
-        for reward_fn in {id(fn): fn for fn in (self.reward_fn, self.val_reward_fn)}.values():
-            close = getattr(reward_fn, "close", None)  # a plain function stands for a manager in tests
-            if callable(close):
-                close()
+        """Flush the loggers and stop the worker processes (Ray actors, reward scorers) of this run.
+
+        Shutting the worker groups down drops the workers, and with them the models and
+        optimizers (the shared-policy table and the rollout's step hook hold them only weakly);
+        that happens even when flushing a logger fails, whose error is raised afterwards.
+        """
+        try:
+            self.tracking.finish()
+        finally:
+            for group in self.workers.owners:
+                group.shutdown()
+            for reward_fn in {id(fn): fn for fn in (self.reward_fn, self.val_reward_fn)}.values():
+                close = getattr(reward_fn, "close", None)  # a plain function stands for a manager in tests
+                if callable(close):
+                    close()
 
     def load_checkpoint(self) -> None:
+        """Restore the newest complete (or the configured) checkpoint; rewind the trackers to it."""
         trainer_cfg = self.config.trainer
         path = ckpt.find_resume_checkpoint(
             trainer_cfg.default_local_dir, trainer_cfg.resume_mode, trainer_cfg.resume_from_path
         )
-        if path is None:
-            return
-        state = ckpt.load_controller_state(path)
-        self.workers.actor.load_checkpoint(str(path / "actor"))
-        if self.use_critic:
-            self.workers.critic.load_checkpoint(str(path / "critic"))
-        self.train_loader.load_state_dict(state["dataloader"])
-        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
-        ckpt.set_rng_state(state["rng"])
-        self.global_steps = int(state["global_steps"])
-        print(f"resumed from {path} at step {self.global_steps}")
+        if path is not None:
+            state = ckpt.load_controller_state(path, required=("global_steps", "dataloader", "kl_ctrl", "rng"))
+            self.workers.actor.load_checkpoint(str(path / "actor"))
+            if self.use_critic:
+                self.workers.critic.load_checkpoint(str(path / "critic"))
+            ckpt.restore_entry(path, state, "dataloader", self.train_loader.load_state_dict)
+            ckpt.restore_entry(path, state, "kl_ctrl", self.kl_ctrl.load_state_dict)
+            ckpt.restore_entry(path, state, "rng", ckpt.set_rng_state)
+            self.global_steps = state["global_steps"]
+            print(f"resumed from {path} at step {self.global_steps}")
+        self.tracking.rewind(self.global_steps + 1 if path is not None else 0)

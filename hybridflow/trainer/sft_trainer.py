@@ -6,8 +6,9 @@
                1 train_step   forward/backward over micro-batches (count or token budget),
                               one optimizer step, one lr-schedule step
                2 validate     mean NLL of the validation set, every test_freq steps and after the last
-               3 checkpoint   every save_freq steps and after the last (global_step_N/actor, hf/, data.pt)
-               4 log          tracking backends + progress bar
+               3 log          tracking backends + progress bar (before the checkpoint commits)
+               4 checkpoint   every save_freq steps and after the last
+                              (global_step_N/actor, hf/, controller_state.json)
 
 Metrics: ``train/loss`` (token-mean NLL of the step's batch), ``train/lr``, ``train/grad_norm``, ``train/skipped_step``,
 ``train/num_loss_tokens``, ``train/epoch``, ``val/loss``, ``timing_s/step``,
@@ -18,11 +19,12 @@ Checkpoints use the PPO actor's layout, so the model merger reads them too::
     global_step_N/actor/      engine state (weights, optimizer, lr schedule, RNG), tokenizer/, hf_config/
     global_step_N/hf/         the model as a Hugging Face folder (LoRA merged), written by the
                               model merger: a model path for RL (actor_rollout_ref.model.path)
-    global_step_N/data.pt     data position, step, RNG
+    global_step_N/controller_state.json   data position, step, RNG (JSON)
 
 Resume is exact: the engine checkpoint restores weights, optimizer, lr schedule and RNG; the
-controller state (``data.pt``) restores the data position, so stopping after step k and
-resuming gives the same weights as an uninterrupted run.
+controller state restores the data position, so stopping after step k and resuming gives the
+same weights as an uninterrupted run. Metrics rows logged past the checkpoint by the stopped
+run are dropped on resume (``Tracking.rewind``), so every step has exactly one row.
 """
 
 from __future__ import annotations
@@ -114,9 +116,9 @@ class SFTTrainer:
             is_last = self.global_step == self.total_training_steps
             if self.val_loader is not None and (is_last or _due(trainer_cfg.test_freq, self.global_step)):
                 last |= self.validate()
+            self.tracking.log(last, step=self.global_step)  # before the commit: a saved step has its row
             if is_last or _due(trainer_cfg.save_freq, self.global_step):
                 self.save_checkpoint()
-            self.tracking.log(last, step=self.global_step)
             progress.set_postfix(_postfix(last))
             progress.update(1)
         progress.close()
@@ -166,7 +168,7 @@ class SFTTrainer:
 
     # ------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
-        """``actor/`` (engine state, tokenizer, HF config), ``hf/`` (exported), ``data.pt``; atomic."""
+        """``actor/`` (engine state, tokenizer, HF config), ``hf/`` (exported), the controller state; atomic."""
         trainer_cfg = self.config.trainer
         paths = ckpt.begin_checkpoint(self.checkpoint_root, self.global_step)
         self.engine.save_checkpoint(paths.actor)
@@ -185,19 +187,20 @@ class SFTTrainer:
         return paths.root
 
     def load_checkpoint(self) -> Path | None:
-        """Restore the newest (or the requested) checkpoint, if any; returns its folder."""
+        """Restore the newest complete (or the requested) checkpoint, if any, and rewind the
+        trackers to it; returns its folder."""
         trainer_cfg = self.config.trainer
         path = ckpt.find_resume_checkpoint(self.checkpoint_root, trainer_cfg.resume_mode, trainer_cfg.resume_from_path)
-        if path is None:
-            return None
-        state = ckpt.load_controller_state(path)
-        if state.get("kind") != CHECKPOINT_KIND:
-            raise ValueError(f"{path} is not an SFT checkpoint (kind {state.get('kind')!r}); cannot resume SFT from it")
-        self.engine.load_checkpoint(path / "actor")
-        self.train_loader.load_state_dict(state["dataloader"])
-        ckpt.set_rng_state(state["rng"])
-        self.global_step = int(state["global_steps"])
-        print(f"resumed from {path} at step {self.global_step}")
+        if path is not None:
+            state = ckpt.load_controller_state(path)
+            if state.get("kind") != CHECKPOINT_KIND:
+                raise ValueError(f"{path} is not an SFT checkpoint (kind {state.get('kind')!r}); cannot resume SFT from it")
+            self.engine.load_checkpoint(path / "actor")
+            ckpt.restore_entry(path, state, "dataloader", self.train_loader.load_state_dict)
+            ckpt.restore_entry(path, state, "rng", ckpt.set_rng_state)
+            self.global_step = state["global_steps"]
+            print(f"resumed from {path} at step {self.global_step}")
+        self.tracking.rewind(self.global_step + 1 if path is not None else 0)
         return path
 
 

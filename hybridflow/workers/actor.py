@@ -102,7 +102,8 @@ class ActorWorker(Worker):
             strategy=actor.strategy,
             grad_clip=actor.grad_clip,
             micro_batch=micro_batch_spec(
-                actor.use_dynamic_bsz, actor.ppo_micro_batch_size_per_gpu, actor.ppo_max_token_len_per_gpu
+                actor.use_dynamic_bsz, actor.ppo_micro_batch_size_per_gpu, actor.ppo_max_token_len_per_gpu,
+                real_tokens=model_cfg.use_remove_padding,
             ),
             total_training_steps=self.total_training_steps,
             device=self.device,
@@ -147,7 +148,8 @@ class ActorWorker(Worker):
         rollout, actor = self.config.rollout, self.config.actor
         use_dynamic = rollout.log_prob_use_dynamic_bsz if rollout.log_prob_use_dynamic_bsz is not None else actor.use_dynamic_bsz
         max_tokens = rollout.log_prob_max_token_len_per_gpu or actor.ppo_max_token_len_per_gpu
-        spec = micro_batch_spec(use_dynamic, rollout.log_prob_micro_batch_size_per_gpu, max_tokens)
+        spec = micro_batch_spec(use_dynamic, rollout.log_prob_micro_batch_size_per_gpu, max_tokens,
+                                real_tokens=self.config.model.use_remove_padding)
         temperature = log_prob_temperature(rollout.temperature)
         with_pi2 = bool(data.meta_info.get("calculate_sum_pi_squared", False))
         forward = partial(

@@ -22,6 +22,7 @@ from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.engine import TrainEngine
 from hybridflow.engine.forward import response_values
 from hybridflow.models import choose_attn_implementation, load_value_model
+from hybridflow.models.packed_attention import packed_name
 from hybridflow.protocol import DataProto
 from hybridflow.workers.data_parallel import dp_global_batch_info
 from hybridflow.workers.engine_factory import build_engine, needs_process_group
@@ -66,6 +67,12 @@ class ValueLoss:
         return loss, metrics
 
 
+def _critic_attention(cfg: CriticConfig, device: torch.device, max_tokens: int | None) -> str:
+    """The critic's HF attention kernel: the chosen one, packed when ``use_remove_padding``."""
+    base = choose_attn_implementation(cfg.model.attn_implementation or "auto", device, max_tokens)
+    return packed_name(base) if cfg.model.use_remove_padding else base
+
+
 class CriticWorker(Worker):
     """Trains the value function. ``config`` is the resolved ``critic`` section (its ``None``
     defaults already filled from the actor's); ``rollout_n`` = ``actor_rollout_ref.rollout.n``."""
@@ -102,9 +109,7 @@ class CriticWorker(Worker):
             gradient_checkpointing=cfg.model.enable_gradient_checkpointing,
             trust_remote_code=self.trust_remote_code,
             seed=self.seed,
-            attn_implementation=choose_attn_implementation(
-                cfg.model.attn_implementation or "auto", self.device, self.max_tokens
-            ),
+            attn_implementation=_critic_attention(cfg, self.device, self.max_tokens),
         )
         if needs_process_group(cfg.strategy, self.world_size):
             self.init_process_group()
@@ -113,7 +118,8 @@ class CriticWorker(Worker):
             cfg.optim,
             strategy=cfg.strategy,
             grad_clip=cfg.grad_clip,
-            micro_batch=micro_batch_spec(cfg.use_dynamic_bsz, cfg.ppo_micro_batch_size_per_gpu, cfg.ppo_max_token_len_per_gpu),
+            micro_batch=micro_batch_spec(cfg.use_dynamic_bsz, cfg.ppo_micro_batch_size_per_gpu,
+                                         cfg.ppo_max_token_len_per_gpu, real_tokens=bool(cfg.model.use_remove_padding)),
             total_training_steps=self.total_training_steps,
             device=self.device,
             dtype=cfg.model.dtype,
@@ -133,7 +139,8 @@ class CriticWorker(Worker):
         batch = _tensor_batch(data, "compute_values")
         require_fields(batch, _MODEL_INPUTS, "compute_values")
         cfg = self.config
-        spec = micro_batch_spec(cfg.use_dynamic_bsz, cfg.forward_micro_batch_size_per_gpu, cfg.forward_max_token_len_per_gpu)
+        spec = micro_batch_spec(cfg.use_dynamic_bsz, cfg.forward_micro_batch_size_per_gpu,
+                                cfg.forward_max_token_len_per_gpu, real_tokens=bool(cfg.model.use_remove_padding))
         out = self.engine.infer(batch, response_values, spec)
         return DataProto.from_dict(tensors={FK.VALUES: out["values"]})
 
@@ -188,6 +195,7 @@ def _check_resolved(config: CriticConfig) -> None:
             ("loss_agg_mode", config.loss_agg_mode),
             ("model.path", config.model.path),
             ("model.dtype", config.model.dtype),
+            ("model.use_remove_padding", config.model.use_remove_padding),
         )
         if value is None
     ]

@@ -70,6 +70,7 @@ def build_engine(
         grad_clip=grad_clip,
         micro_batch_size=micro_batch.size,
         max_token_len=micro_batch.max_token_len,
+        real_token_budget=micro_batch.real_tokens,
         device=device,
         autocast_dtype=autocast_dtype_for(dtype, device),
     )

@@ -16,6 +16,7 @@ from tensordict import TensorDict
 
 from hybridflow import fields as FK
 from hybridflow.algorithms.utils import compute_response_mask
+from hybridflow.engine.checkpoint import CheckpointFileError, load_torch_data
 from hybridflow.engine.micro_batch import MicroBatchSpec
 
 NUM_TOKENS_KEY = "num_tokens"  # per-micro-batch weight, added by loss functions, dropped on reduce
@@ -32,12 +33,15 @@ def rows_per_mini_batch(ppo_mini_batch_size: int, rollout_n: int, dp_size: int, 
     return total // dp_size
 
 
-def micro_batch_spec(use_dynamic_bsz: bool, micro_batch_size: int, max_token_len: int | None) -> MicroBatchSpec:
-    """Token-budget micro-batches when ``use_dynamic_bsz``, else ``micro_batch_size`` rows."""
+def micro_batch_spec(
+    use_dynamic_bsz: bool, micro_batch_size: int, max_token_len: int | None, real_tokens: bool = False
+) -> MicroBatchSpec:
+    """Token-budget micro-batches when ``use_dynamic_bsz``, else ``micro_batch_size`` rows.
+    ``real_tokens``: the model packs rows without padding, so the budget counts real tokens."""
     if use_dynamic_bsz:
         if max_token_len is None:
             raise ValueError("use_dynamic_bsz needs a max token length per micro-batch")
-        return MicroBatchSpec(max_token_len=max_token_len)
+        return MicroBatchSpec(max_token_len=max_token_len, real_tokens=real_tokens)
     return MicroBatchSpec(size=micro_batch_size)
 
 
@@ -114,4 +118,7 @@ def load_shuffle_state(path: str, rank: int, generator: torch.Generator) -> None
     file = shuffle_state_file(path, rank)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"checkpoint {path} has no {os.path.basename(file)} (written by save_checkpoint)")
-    generator.set_state(torch.load(file))
+    state = load_torch_data(file)  # weights_only: a planted pickle is refused, never run
+    if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8:
+        raise CheckpointFileError(file, "is not a random generator state (a uint8 tensor)")
+    generator.set_state(state)

@@ -88,7 +88,8 @@ class ReferenceWorker(Worker):
         ref, actor = self.config.ref, self.config.actor
         use_dynamic = ref.log_prob_use_dynamic_bsz if ref.log_prob_use_dynamic_bsz is not None else actor.use_dynamic_bsz
         max_tokens = ref.log_prob_max_token_len_per_gpu or actor.ppo_max_token_len_per_gpu
-        spec = micro_batch_spec(use_dynamic, ref.log_prob_micro_batch_size_per_gpu, max_tokens)
+        spec = micro_batch_spec(use_dynamic, ref.log_prob_micro_batch_size_per_gpu, max_tokens,
+                                real_tokens=self.config.model.use_remove_padding)
         forward = partial(response_log_probs, temperature=log_prob_temperature(self.config.rollout.temperature))
         with self._base_policy():
             if self._sharded_engine is not None:

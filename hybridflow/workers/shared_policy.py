@@ -8,10 +8,16 @@ name and the other roles, given the same name in their init arguments, *look it 
 
 The table is per process and keyed by ``(name, rank)``: roles placed in other processes
 simply do not find it, and must load their own model and receive weight pushes instead.
+It holds the policy *weakly*: the actor owns its module, engine (with the optimizer) and
+tokenizer, and an entry ends when any of them is freed — so a closed trainer's model and
+optimizer are not kept alive by the table, and a role that looks up a policy whose actor is
+gone gets an error saying so.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -37,26 +43,76 @@ class SharedPolicy:
     device: torch.device
 
 
-_TABLE: dict[tuple[str, int], SharedPolicy] = {}
+@dataclass(frozen=True)
+class _Entry:
+    """A published policy held by weak references to the objects its actor owns."""
+
+    module: weakref.ref
+    tokenizer: weakref.ref
+    engine: weakref.ref
+    is_lora: bool
+    device: torch.device
+
+    def resolve(self) -> SharedPolicy | None:
+        module, tokenizer, engine = self.module(), self.tokenizer(), self.engine()
+        if module is None or tokenizer is None or engine is None:
+            return None
+        return SharedPolicy(module, tokenizer, engine, self.is_lora, self.device)
+
+
+_TABLE: dict[tuple[str, int], _Entry] = {}
+_LOCK = threading.RLock()  # re-entrant: a weakref callback may fire during a gc inside the lock
 
 
 def publish_policy(name: str, rank: int, policy: SharedPolicy) -> None:
-    """Offer ``policy`` to roles of this process under ``(name, rank)``; replaces an older one."""
-    _TABLE[(name, rank)] = policy
+    """Offer ``policy`` to roles of this process under ``(name, rank)``; replaces an older one.
+
+    Only weak references are kept: the entry lasts while the publisher keeps the module,
+    tokenizer and engine alive, and is dropped when the first of them is freed.
+    """
+    key = (name, rank)
+
+    def drop(_: weakref.ref, key: tuple[str, int] = key) -> None:
+        with _LOCK:
+            if _TABLE.get(key) is entry:  # not a newer policy published under the same key
+                del _TABLE[key]
+
+    try:
+        entry = _Entry(
+            weakref.ref(policy.module, drop), weakref.ref(policy.tokenizer, drop), weakref.ref(policy.engine, drop),
+            policy.is_lora, policy.device,
+        )
+    except TypeError as exc:
+        raise TypeError(
+            f"cannot share the policy as {name!r}: its module, tokenizer and engine must support weak references ({exc})"
+        ) from exc
+    with _LOCK:
+        _TABLE[key] = entry
 
 
 def lookup_policy(name: str, rank: int) -> SharedPolicy:
     """The policy published under ``(name, rank)`` in this process; a clear error if none."""
-    try:
-        return _TABLE[(name, rank)]
-    except KeyError:
-        published = ", ".join(f"{n}@rank{r}" for n, r in sorted(_TABLE)) or "none"
-        raise LookupError(
-            f"no actor policy shared as {name!r} for rank {rank} in this process (published: {published}); "
-            "colocate the actor role before this role and call the actor's init_model first"
-        ) from None
+    with _LOCK:
+        entry = _TABLE.get((name, rank))
+        policy = entry.resolve() if entry is not None else None
+        if policy is not None:
+            return policy
+        live = sorted(key for key, e in _TABLE.items() if e.resolve() is not None)
+    published = ", ".join(f"{n}@rank{r}" for n, r in live) or "none"
+    raise LookupError(
+        f"no actor policy shared as {name!r} for rank {rank} in this process (published: {published}); "
+        "colocate the actor role before this role and call the actor's init_model first "
+        "(a policy is shared only while its actor worker is alive)"
+    )
 
 
 def withdraw_policy(name: str, rank: int) -> None:
     """Forget ``(name, rank)`` (no error if absent)."""
-    _TABLE.pop((name, rank), None)
+    with _LOCK:
+        _TABLE.pop((name, rank), None)
+
+
+def published_policies() -> list[tuple[str, int]]:
+    """The ``(name, rank)`` keys whose policy is still alive in this process."""
+    with _LOCK:
+        return sorted(key for key, entry in _TABLE.items() if entry.resolve() is not None)

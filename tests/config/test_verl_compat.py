@@ -63,6 +63,7 @@ def test_gsm8k_grpo_quickstart_parses(caplog):
     assert cfg.data.train_files == ("/data/gsm8k/train.parquet",) and cfg.data.truncation == "error"
     assert cfg.data.filter_overlong_prompts is True and cfg.data.train_batch_size == 16
     assert arr.model.path == "/models/smollm2" and arr.model.enable_gradient_checkpointing is True
+    assert arr.model.use_remove_padding is True  # honoured now: packed micro-batches
     assert arr.actor.use_kl_loss is True and arr.actor.kl_loss_type == "low_var_kl" and arr.actor.kl_loss_coef == 0.001
     assert arr.actor.entropy_coeff == 0.0 and arr.actor.optim.lr == 1e-6
     assert arr.rollout.n == 5 and arr.rollout.response_length == 256
@@ -71,7 +72,6 @@ def test_gsm8k_grpo_quickstart_parses(caplog):
     assert (cfg.trainer.save_freq, cfg.trainer.test_freq, cfg.trainer.total_epochs) == (20, 5, 15)
     ignored = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ignored: ")]
     assert ignored == [
-        f"ignored: {ARR}.model.use_remove_padding (padding-free kernels; a speed option only)",
         f"ignored: {ARR}.actor.fsdp_config (FSDP wrapping/offload knobs; hybridflow's engines choose their own sharding)",
         f"ignored: {ARR}.rollout.tensor_model_parallel_size (inference tensor parallelism)",
         f"ignored: {ARR}.rollout.gpu_memory_utilization (vLLM/SGLang KV-cache memory share)",

@@ -35,8 +35,11 @@ def test_unknown_choice_is_an_error() -> None:
 def test_policy_rows_are_prompt_plus_response(make_config) -> None:
     short = make_config("data.max_prompt_length=200", "data.max_response_length=56").actor_rollout_ref
     long = make_config("data.max_prompt_length=200", "data.max_response_length=57").actor_rollout_ref
-    assert policy_attn_implementation(short, "cpu") == "eager"
-    assert policy_attn_implementation(long, "cpu") == "sdpa"
+    assert policy_attn_implementation(short, "cpu") == "hybridflow_packed_eager"  # use_remove_padding (default)
+    assert policy_attn_implementation(long, "cpu") == "hybridflow_packed_sdpa"
+    padded = make_config("data.max_prompt_length=200", "data.max_response_length=56",
+                         "actor_rollout_ref.model.use_remove_padding=false").actor_rollout_ref
+    assert policy_attn_implementation(padded, "cpu") == "eager"
 
 
 def test_config_value_is_checked(make_config) -> None:

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from hybridflow.workers.reward.calls import OK, CallResult, schedule
 from hybridflow.workers.reward.executors import EXECUTORS, ScorerPool, run_calls
 
 
@@ -67,10 +68,11 @@ def test_bad_arguments():
 
 
 def pid_of(x):
-    """The scoring process's pid, or a fault as in ``scorer``."""
+    """The scoring process's pid as this process sees it (in its own PID namespace a scorer
+    is pid 1; /proc, mounted for ours, names it by our pid for it), or a fault as in ``scorer``."""
     if x in ("hang", "die"):
         scorer(x)
-    return os.getpid()
+    return int(os.readlink("/proc/self"))
 
 
 def test_pool_keeps_its_processes_across_batches():
@@ -118,3 +120,60 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:  # a zombie still answers kill(0)
         return f.read().split()[2] != "Z"
+
+
+def test_pool_times_hanging_calls_out_together():
+    pool = ScorerPool(pid_of, num_workers=1)
+    try:
+        start = time.monotonic()
+        results = pool.run([{"x": "hang"}] * 8 + [{"x": "a"}], timeout_s=2.0)
+        elapsed = time.monotonic() - start
+        assert [r.status for r in results] == ["timeout"] * 8 + ["ok"]
+        assert elapsed < 10.0, f"8 hanging calls × 2 s took {elapsed:.1f} s: timed out one after another (16 s)"
+        assert pool.num_alive == 0  # the kept process hung; every stand-in was stopped
+    finally:
+        pool.close()
+
+
+def test_thread_executor_times_hanging_calls_out_together():
+    start = time.monotonic()
+    results = run_calls(scorer, [{"x": "hang"}] * 8, executor="thread", timeout_s=1.0, num_workers=1)
+    assert [r.status for r in results] == ["timeout"] * 8
+    assert time.monotonic() - start < 5.0  # one after another: 8 s
+
+
+class FakeRunner:
+    """Calls whose outcome is scripted: "hang" never finishes, anything else finishes at once."""
+
+    def __init__(self, behaviour):
+        self.behaviour, self.running, self.most, self.cancelled = behaviour, set(), 0, []
+
+    def launch(self, index):
+        self.running.add(index)
+        self.most = max(self.most, len(self.running))
+
+    def wait(self, timeout):
+        done = [(i, CallResult(OK, i)) for i in sorted(self.running) if self.behaviour[i] != "hang"]
+        self.running -= {i for i, _ in done}
+        if not done:
+            time.sleep(timeout if timeout is not None else 0.0)
+        return done
+
+    def cancel(self, index):
+        self.running.discard(index)
+        self.cancelled.append(index)
+
+
+def test_schedule_caps_stalled_calls_and_keeps_order():
+    runner = FakeRunner(["hang"] * 6 + ["ok"])
+    results = schedule(runner, [0.2] * 7, num_workers=1, max_stalled=2)
+    assert [r.status for r in results] == ["timeout"] * 6 + ["ok"] and results[6].value == 6
+    assert runner.most == 3  # 1 worker place + 2 stalled calls, never more
+    assert sorted(runner.cancelled) == list(range(6))
+    # a call that ends before it stalls holds its place: fast calls never run side by side
+    fast = FakeRunner(["ok"] * 5)
+    assert [r.value for r in schedule(fast, [1.0] * 5, num_workers=1)] == [0, 1, 2, 3, 4] and fast.most == 1
+    # per-call timeouts
+    mixed = FakeRunner(["hang", "hang"])
+    results = schedule(mixed, [0.1, 0.3], num_workers=2)
+    assert [r.message for r in results] == ["no result within timeout_s=0.1", "no result within timeout_s=0.3"]

@@ -14,10 +14,13 @@ from hybridflow.workers.reward import (
     NaiveRewardManager,
     PrimeRewardManager,
     build_reward_manager,
+    decode_items,
+    normalize_result,
     overlong_penalty,
     place_scores,
     reward_fault_metrics,
 )
+from hybridflow.workers.reward.outcomes import ScoreTypeError
 
 RESPONSES = ["23 + 45 = 68\n#### 68", "It is 7.", "#### 3"]
 TRUTHS = ["68", "7", "2"]
@@ -65,7 +68,9 @@ def test_mixed_sources_and_unknown_source(make_batch, tokenizer):
     data, lengths = make_batch(["#### 5", r"\boxed{5}"], ["5", "5"], data_sources=["openai/gsm8k", "lighteval/MATH"])
     reward, info = NaiveRewardManager(tokenizer)(data)
     assert reward.sum(-1).tolist() == [1.0, 1.0]
-    assert set(info) == {"reward_error", "reward_timeout"}  # float results add no extra keys
+    # both scorers return dicts: their keys become columns, pred is what maj@N votes on
+    assert set(info) == {"score", "acc", "pred", "reward_error", "reward_timeout"}
+    assert info["pred"] == ["5", "5"] and info["acc"] == [1.0, 1.0]
     bad, _ = make_batch(["x"], ["1"], data_sources=["my/data"])
     with pytest.raises(ValueError, match="no built-in scorer for data_source 'my/data'.*custom_reward_function.path"):
         NaiveRewardManager(tokenizer)(bad)
@@ -182,10 +187,16 @@ def test_num_examine_prints_per_source(make_batch, tokenizer, capsys):
     assert "[prompt] What is 23 + 45?" in out and "[response] #### 68" in out and "[score] 1.0" in out
 
 
-def scorer_pid(data_source, solution_str, ground_truth, extra_info=None):
+def _outer_pid() -> int:
+    """This process's pid as the trainer sees it: a scorer in its own PID namespace is pid 1
+    there, but /proc (the trainer's mount) names it by its outer pid."""
     import os
 
-    return {"score": 1.0, "pid": os.getpid()}
+    return int(os.readlink("/proc/self"))
+
+
+def scorer_pid(data_source, solution_str, ground_truth, extra_info=None):
+    return {"score": 1.0, "pid": _outer_pid()}
 
 
 def test_manager_scores_in_processes_it_keeps(make_batch, tokenizer):
@@ -210,9 +221,7 @@ def test_manager_scores_in_processes_it_keeps(make_batch, tokenizer):
 
 
 def batch_scorer_pid(data_sources, solution_strs, ground_truths, extra_infos):
-    import os
-
-    return [{"score": 1.0, "pid": os.getpid()}] * len(data_sources)
+    return [{"score": 1.0, "pid": _outer_pid()}] * len(data_sources)
 
 
 def test_batch_manager_scores_in_a_kept_process(make_batch, tokenizer):
@@ -225,3 +234,58 @@ def test_batch_manager_scores_in_a_kept_process(make_batch, tokenizer):
         assert len(first) == 1 and first == again and os.getpid() not in first
     finally:
         manager.close()
+
+
+def test_naive_manager_times_hanging_items_out_together(make_batch, tokenizer):
+    data, _ = make_batch(["HANG"] * 8, ["1"] * 8)
+    manager = NaiveRewardManager(tokenizer, compute_score=faulty, timeout_s=2.0)
+    try:
+        start = time.monotonic()
+        _, info = manager(data)
+        elapsed = time.monotonic() - start
+    finally:
+        manager.close()
+    assert info["reward_timeout"] == [1.0] * 8
+    assert elapsed < 10.0, f"8 hanging items × 2 s took {elapsed:.1f} s (one after another: 16 s)"
+
+
+def batch_slow(data_sources, solution_strs, ground_truths, extra_infos):
+    time.sleep(0.2 * len(solution_strs))  # 0.2 s per item
+    return [1.0] * len(solution_strs)
+
+
+def batch_hangs(data_sources, solution_strs, ground_truths, extra_infos):
+    time.sleep(60)
+
+
+def test_batch_manager_timeout_applies_per_item(make_batch, tokenizer):
+    data, _ = make_batch(["a", "b", "c", "d", "e"], ["1"] * 5)
+    # 5 items × 0.2 s = 1 s: past timeout_s=0.5 for one call, within 5 × 0.5 s for five items
+    manager = BatchRewardManager(tokenizer, compute_score=batch_slow, timeout_s=0.5)
+    try:
+        reward, info = manager(data)
+    finally:
+        manager.close()
+    assert reward.sum(-1).tolist() == [1.0] * 5 and info["reward_timeout"] == [0.0] * 5
+    two, _ = make_batch(["a", "b"], ["1"] * 2)
+    manager = BatchRewardManager(tokenizer, compute_score=batch_hangs, timeout_s=0.3)
+    try:
+        outcomes = manager.score_items(decode_items(two, tokenizer))
+    finally:
+        manager.close()
+    assert [o.status for o in outcomes] == ["timeout"] * 2
+    assert outcomes[0].message == "the batch call (2 items × timeout_s=0.3) returned nothing within 0.6 s"
+
+
+def overflowing(data_source, solution_str, ground_truth, extra_info=None):
+    return {"big": 1e300, "neg": -1e300, "dict": {"score": 1e39}, "max": 3.4e38}[solution_str]
+
+
+def test_scores_that_overflow_float32_are_errors(make_batch, tokenizer):
+    data, lengths = make_batch(["big", "neg", "dict", "max"], ["1"] * 4)
+    reward, info = NaiveRewardManager(tokenizer, compute_score=overflowing, executor="inline", timeout_s=None)(data)
+    assert info["reward_error"] == [1.0, 1.0, 1.0, 0.0]
+    assert reward_fault_metrics(info)["reward/errors"] == 3.0
+    assert torch.isfinite(reward).all() and reward.sum(-1).tolist() == [0.0, 0.0, 0.0, pytest.approx(3.4e38, rel=1e-6)]
+    with pytest.raises(ScoreTypeError, match=r"the score is 1e\+300, which is ±inf as float32"):
+        normalize_result(1e300)

@@ -14,7 +14,7 @@ from hybridflow.data import write_rows
 from hybridflow.data.tasks import ArithmeticSettings, generate_arithmetic
 from hybridflow.data.tasks.arithmetic_sft import add_responses
 from hybridflow.models import load_model_and_tokenizer
-from hybridflow.trainer.checkpoint import LATEST_FILE
+from hybridflow.trainer.checkpoint import CONTROLLER_STATE, LATEST_FILE, MANIFEST_FILE
 from hybridflow.trainer.main_sft import build_sft_trainer, main
 from hybridflow.config import load_sft_config
 
@@ -77,6 +77,9 @@ class CrashAt:
             raise RuntimeError("simulated crash")
         self.inner.log(data, step)
 
+    def rewind(self, next_step: int) -> None:
+        self.inner.rewind(next_step)
+
     def finish(self) -> None:
         self.inner.finish()
 
@@ -115,7 +118,7 @@ def test_checkpoint_layout_and_loadable_hf_folder(tiny_model_dir, sft_files, tmp
                            "trainer.save_freq=1", "trainer.max_ckpt_to_keep=1"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_2", LATEST_FILE, "metrics.jsonl"]
     step = tmp_path / "global_step_2"
-    assert sorted(p.name for p in step.iterdir()) == ["actor", "data.pt", "hf"]
+    assert sorted(p.name for p in step.iterdir()) == sorted(["actor", CONTROLLER_STATE, MANIFEST_FILE, "hf"])
     assert {"model.safetensors", "optimizer.pt", "extra_state.pt", "tokenizer", "hf_config"} <= {p.name for p in (step / "actor").iterdir()}
     # the same attention kernel as training (eager and SDPA differ in the last bits)
     kernel = trainer.engine.module.config._attn_implementation
@@ -195,3 +198,26 @@ def test_grpo_starts_from_the_sft_hf_folder(tiny_model_dir, sft_files, tiny_task
     (row,) = _metrics(tmp_path / "grpo")
     assert row["step"] == 1 and row["response_length/mean"] > 0
     assert math.isfinite(row["actor/pg_loss"])
+
+
+def test_a_crash_between_a_steps_row_and_its_commit_leaves_one_row_per_step(tiny_model_dir, sft_files, tmp_path,
+                                                                           monkeypatch):
+    from hybridflow.trainer import checkpoint as ckpt
+
+    config = _config(tiny_model_dir, sft_files, tmp_path, "trainer.total_training_steps=3", "trainer.save_freq=1",
+                     "trainer.export_hf=false")
+    real_commit = ckpt.commit_checkpoint
+
+    def commit(paths, step, keep):
+        if step == 2:
+            raise RuntimeError("simulated crash")
+        real_commit(paths, step, keep)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ckpt, "commit_checkpoint", commit)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            _fit(config)
+    assert [r["step"] for r in _metrics(tmp_path)] == [1, 2]  # step 2's row went out before its commit
+    _fit(config)  # resumes from step 1
+    assert [r["step"] for r in _metrics(tmp_path)] == [1, 2, 3]
+    assert [json.loads(line)["step"] for line in (tmp_path / "metrics.dropped.jsonl").read_text().splitlines()] == [2]

@@ -19,9 +19,9 @@ from hybridflow.workers.reward.base import (
     response_lengths,
 )
 from hybridflow.workers.reward.batch import BatchRewardManager
-from hybridflow.workers.reward.custom import load_custom_reward_function
+from hybridflow.workers.reward.custom import CustomRewardFunction, load_custom_reward_function
 from hybridflow.workers.reward.dapo import DAPORewardManager, overlong_penalty
-from hybridflow.workers.reward.executors import EXECUTORS, CallResult, run_calls
+from hybridflow.workers.reward.executors import EXECUTORS, CallResult, ScorerPool, ScorerStartError, run_calls
 from hybridflow.workers.reward.naive import NaiveRewardManager, PrimeRewardManager
 from hybridflow.workers.reward.outcomes import (
     REWARD_ERROR,
@@ -30,6 +30,7 @@ from hybridflow.workers.reward.outcomes import (
     normalize_result,
     reward_fault_metrics,
 )
+from hybridflow.workers.reward.sandbox import DEFAULT_MEMORY_LIMIT_MB, ScorerSettings
 from hybridflow.workers.reward.scores import SCORERS, default_compute_score, default_compute_score_batch
 
 
@@ -39,6 +40,7 @@ def build_reward_manager(name: str, tokenizer: Any, **kwargs: Any) -> RewardMana
 
 
 __all__ = [
+    "DEFAULT_MEMORY_LIMIT_MB",
     "DEFAULT_TIMEOUT_S",
     "EXECUTORS",
     "REWARD_ERROR",
@@ -47,12 +49,16 @@ __all__ = [
     "SCORERS",
     "BatchRewardManager",
     "CallResult",
+    "CustomRewardFunction",
     "DAPORewardManager",
     "NaiveRewardManager",
     "PrimeRewardManager",
     "RewardManager",
     "ScoreItem",
     "ScoreOutcome",
+    "ScorerPool",
+    "ScorerSettings",
+    "ScorerStartError",
     "build_reward_manager",
     "decode_items",
     "default_compute_score",

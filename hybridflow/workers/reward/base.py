@@ -25,8 +25,10 @@ import torch
 
 from hybridflow import fields as F
 from hybridflow.utils.registry import Registry
+from hybridflow.workers.reward.custom import CustomRewardFunction
 from hybridflow.workers.reward.executors import OK, CallResult, ScorerPool, run_calls
 from hybridflow.workers.reward.outcomes import ScoreOutcome, collect_extra_info, to_outcome
+from hybridflow.workers.reward.sandbox import DEFAULT_MEMORY_LIMIT_MB, ScorerSettings
 from hybridflow.workers.reward.scores import SCORERS, default_compute_score
 
 logger = logging.getLogger(__name__)
@@ -116,12 +118,16 @@ class RewardManager:
     Args:
         tokenizer: decodes responses (special tokens skipped).
         compute_score: ``fn(data_source, solution_str, ground_truth, extra_info)`` → float or
-            dict with ``score``; default :func:`default_compute_score`.
+            dict with ``score``; default :func:`default_compute_score`. A
+            :class:`CustomRewardFunction` is imported in the scorer processes (``process``
+            executor), or here when the manager is made (``thread`` / ``inline``).
         num_examine: print this many decoded samples per data source on each call.
         reward_fn_key: non-tensor column naming each row's data source.
         timeout_s: per-call limit (``None``: none). A call past it scores 0 (``reward/timeouts``).
         executor: ``process`` | ``thread`` | ``inline`` (see ``executors.py``).
         num_workers: parallel scoring processes / threads.
+        memory_limit_mb: address space each scorer process may add to what it started with
+            (``RLIMIT_AS``; ``None`` or 0: no cap). ``process`` executor only.
     """
 
     default_compute_score: Callable[..., Any] = staticmethod(default_compute_score)
@@ -136,7 +142,12 @@ class RewardManager:
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         executor: str = "process",
         num_workers: int = 1,
+        memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB,
     ) -> None:
+        if memory_limit_mb is not None and memory_limit_mb < 0:
+            raise ValueError(f"memory_limit_mb must be >= 0 (0: no cap), got {memory_limit_mb}")
+        if executor != "process" and isinstance(compute_score, CustomRewardFunction):
+            compute_score.load()  # no scorer processes: the file is imported here, errors now
         self.tokenizer = tokenizer
         self.compute_score = compute_score if compute_score is not None else self.default_compute_score
         self.uses_default_scorer = compute_score is None
@@ -145,10 +156,29 @@ class RewardManager:
         self.timeout_s = timeout_s
         self.executor = executor
         self.num_workers = num_workers
+        self.memory_limit_mb = memory_limit_mb
         self._faults_logged: set[str] = set()
         # Scoring processes forked now, while the trainer is small (before the models load),
         # and kept: see ScorerPool.
-        self._pool = ScorerPool(self.compute_score, num_workers) if executor == "process" else None
+        self._pool = self._make_pool()
+
+    def _make_pool(self) -> ScorerPool | None:
+        if self.executor != "process":
+            return None
+        return ScorerPool(
+            self.compute_score, self.num_workers, load_timeout_s=self.timeout_s,
+            settings=ScorerSettings(memory_limit_mb=self.memory_limit_mb),
+        )
+
+    @property
+    def isolation(self) -> str | None:
+        """How the scorer processes are kept from the trainer: ``"pid-namespace"``, ``"session"``
+        (the weaker fallback, logged as a warning), or None without processes."""
+        return self._pool.isolation if self._pool is not None else None
+
+    def scorer_pids(self) -> list[int]:
+        """Process ids of the kept scorer processes (empty for ``thread`` / ``inline``)."""
+        return self._pool.pids if self._pool is not None else []
 
     def close(self) -> None:
         """Stop the scoring processes (also done when the manager is garbage-collected)."""
@@ -160,7 +190,7 @@ class RewardManager:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._pool = ScorerPool(self.compute_score, self.num_workers) if self.executor == "process" else None
+        self._pool = self._make_pool()
 
     def __call__(self, data: Any) -> tuple[torch.Tensor, dict[str, list[Any]]]:
         items = decode_items(data, self.tokenizer, self.reward_fn_key)
@@ -184,13 +214,14 @@ class RewardManager:
         ]
         return [to_outcome(result) for result in self.run_scorer(calls)]
 
-    def run_scorer(self, calls: list[dict[str, Any]]) -> list[CallResult]:
+    def run_scorer(self, calls: list[dict[str, Any]], timeout_s: float | None = None) -> list[CallResult]:
         """``compute_score(**call)`` for each call, contained by the executor (the kept
-        processes for ``process``)."""
+        processes for ``process``); each call may take ``timeout_s`` (default: the manager's)."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         if self._pool is not None:
-            return self._pool.run(calls, self.timeout_s) if calls else []
+            return self._pool.run(calls, timeout_s) if calls else []
         return run_calls(
-            self.compute_score, calls, executor=self.executor, timeout_s=self.timeout_s, num_workers=self.num_workers
+            self.compute_score, calls, executor=self.executor, timeout_s=timeout_s, num_workers=self.num_workers
         )
 
     def adjust(self, items: list[ScoreItem], outcomes: list[ScoreOutcome]) -> tuple[list[float], dict[str, list[Any]]]:

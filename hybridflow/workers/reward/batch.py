@@ -1,9 +1,10 @@
 """The ``batch`` reward manager: one scorer call with lists for the whole batch.
 
 The scorer is ``fn(data_sources, solution_strs, ground_truths, extra_infos)`` returning a list
-with one float-or-dict per item (default: :func:`default_compute_score_batch`). If the call
-raises, hangs past ``timeout_s`` or returns something other than a list of that length,
-every item of the batch scores 0 and is counted; an invalid single entry only fails its item.
+with one float-or-dict per item (default: :func:`default_compute_score_batch`). ``timeout_s``
+applies per item: the call may take ``timeout_s × number of items``. If the call raises, runs
+past that or returns something other than a list of that length, every item of the batch
+scores 0 and is counted; an invalid single entry only fails its item.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from hybridflow.workers.reward.base import REWARD_MANAGERS, RewardManager, ScoreItem
-from hybridflow.workers.reward.executors import ERROR, OK, CallResult
+from hybridflow.workers.reward.executors import ERROR, OK, TIMEOUT, CallResult
 from hybridflow.workers.reward.outcomes import ScoreOutcome, to_outcome
 from hybridflow.workers.reward.scores import default_compute_score_batch
 
@@ -32,7 +33,13 @@ class BatchRewardManager(RewardManager):
             "ground_truths": [it.ground_truth for it in items],
             "extra_infos": [it.extra_info for it in items],
         }
-        [result] = self.run_scorer([call])
+        if not items:
+            return []
+        limit = None if self.timeout_s is None else self.timeout_s * len(items)
+        [result] = self.run_scorer([call], timeout_s=limit)
+        if result.status == TIMEOUT:
+            message = f"the batch call ({len(items)} items × timeout_s={self.timeout_s}) returned nothing within {limit:g} s"
+            return [ScoreOutcome(0.0, TIMEOUT, message=message)] * len(items)
         if result.status != OK:
             return [ScoreOutcome(0.0, result.status, message=result.message)] * len(items)
         values = result.value

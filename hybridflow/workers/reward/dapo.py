@@ -20,6 +20,7 @@ from hybridflow import fields as F
 from hybridflow.workers.reward.base import DEFAULT_TIMEOUT_S, REWARD_MANAGERS, RewardManager, ScoreItem
 from hybridflow.workers.reward.executors import OK
 from hybridflow.workers.reward.outcomes import ScoreOutcome
+from hybridflow.workers.reward.sandbox import DEFAULT_MEMORY_LIMIT_MB
 
 
 def overlong_penalty(
@@ -52,6 +53,7 @@ class DAPORewardManager(RewardManager):
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         executor: str = "process",
         num_workers: int = 1,
+        memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB,
         max_resp_len: int | None = None,
         overlong_buffer_enable: bool = False,
         overlong_buffer_len: int = 0,
@@ -59,7 +61,7 @@ class DAPORewardManager(RewardManager):
     ) -> None:
         super().__init__(
             tokenizer, compute_score=compute_score, num_examine=num_examine, reward_fn_key=reward_fn_key,
-            timeout_s=timeout_s, executor=executor, num_workers=num_workers,
+            timeout_s=timeout_s, executor=executor, num_workers=num_workers, memory_limit_mb=memory_limit_mb,
         )
         if overlong_buffer_enable:
             if max_resp_len is None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from hybridflow import fields as F
 from hybridflow.workers.reward.base import DEFAULT_TIMEOUT_S, REWARD_MANAGERS, RewardManager
+from hybridflow.workers.reward.sandbox import DEFAULT_MEMORY_LIMIT_MB
 
 
 @REWARD_MANAGERS.register("naive")
@@ -39,6 +40,7 @@ class PrimeRewardManager(RewardManager):
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         executor: str = "process",
         num_workers: int | None = None,
+        memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB,
     ) -> None:
         super().__init__(
             tokenizer,
@@ -48,4 +50,5 @@ class PrimeRewardManager(RewardManager):
             timeout_s=timeout_s,
             executor=executor,
             num_workers=default_num_workers() if num_workers is None else num_workers,
+            memory_limit_mb=memory_limit_mb,
         )

@@ -1,7 +1,8 @@
 """From raw scorer results to scores: validation, per-item extra info and fault metrics.
 
 A scorer may return a real number or a dict with a real ``"score"``. Anything else (another
-type, a missing ``score``, NaN or ±inf) is an error for that item, like an exception: the item
+type, a missing ``score``, NaN or ±inf — also after the cast to float32, the reward tensor's
+dtype, so ±1e300 counts as inf) is an error for that item, like an exception: the item
 scores 0 and is counted. Per-item flags ``reward_error`` / ``reward_timeout`` (1.0 or 0.0) go
 into the extra info of every batch; :func:`reward_fault_metrics` sums them into the step
 metrics ``reward/errors`` and ``reward/timeouts``.
@@ -17,6 +18,9 @@ from typing import Any
 from hybridflow.workers.reward.executors import ERROR, OK, TIMEOUT, CallResult
 
 SCORE = "score"
+# Largest float32: anything of greater magnitude rounds to ±inf in the reward tensor (values
+# a hair above it that would round down to it are treated as overflow too).
+FLOAT32_MAX = 3.4028234663852886e38
 REWARD_ERROR = "reward_error"
 REWARD_TIMEOUT = "reward_timeout"
 
@@ -41,6 +45,8 @@ def _finite(value: Any, what: str) -> float:
     result = float(value)
     if not math.isfinite(result):
         raise ScoreTypeError(f"{what} is {result}, not a finite number")
+    if abs(result) > FLOAT32_MAX:
+        raise ScoreTypeError(f"{what} is {result:g}, which is ±inf as float32 (the reward tensor's dtype)")
     return result
 
 

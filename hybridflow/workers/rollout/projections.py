@@ -14,9 +14,9 @@ Two ways to hold the weights (``weight_format``):
   source parameter changes: :meth:`Projection.refresh` compares, per parameter, the in-place
   version counter (bumped by ``copy_`` / ``load_state_dict`` / foreach optimizers), the
   storage pointer, and the number of optimizer steps that included it (fused optimizers
-  write without bumping the counter, so a process-wide optimizer step hook counts them) with
-  those seen at packing time; :meth:`Projection.invalidate` forces a rebuild (e.g. after a
-  write through ``.data``).
+  write without bumping the counter, so an optimizer step hook counts them; it is registered
+  while any packed Projection exists and keeps no parameter alive) with those seen at packing
+  time; :meth:`Projection.invalidate` forces a rebuild (e.g. after a write through ``.data``).
 
 The packed copy may be in another dtype than the module (``dtype``): a colocated actor keeps
 fp32 master weights while the rollout samples in bf16 from a bf16 copy, refreshed the same way.
@@ -27,6 +27,8 @@ adapter switches are part of the staleness check. ``shared`` can do neither (it 
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,26 +36,52 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.weak import WeakIdKeyDictionary
 
 WEIGHT_FORMATS: tuple[str, ...] = ("shared", "packed")
 
-# id(parameter) → optimizer steps that updated it. Ids of freed parameters may be reused by
-# new ones; the stamp also holds the storage pointer and version, so that costs at most an
-# extra re-pack.
-_OPTIMIZER_STEPS: dict[int, int] = {}
-_STEP_HOOK: Any = None
+# parameter → optimizer steps that updated it. Keys are weak (by identity): an entry goes with
+# its parameter, so a closed trainer's parameters are neither kept alive nor counted forever.
+_OPTIMIZER_STEPS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+# The process-wide step hook exists only while a packed Projection does: the first one
+# registers it, the last one's finalizer removes it. Re-entrant: a finalizer may run from a
+# garbage collection that starts while the lock is held.
+_HOOK_LOCK = threading.RLock()
+_HOOK_HANDLE: Any = None
+_HOOK_USERS = 0
 
 
 def _count_optimizer_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     for group in optimizer.param_groups:
         for param in group["params"]:
-            _OPTIMIZER_STEPS[id(param)] = _OPTIMIZER_STEPS.get(id(param), 0) + 1
+            _OPTIMIZER_STEPS[param] = _OPTIMIZER_STEPS.get(param, 0) + 1
 
 
-def _watch_optimizer_steps() -> None:
-    global _STEP_HOOK
-    if _STEP_HOOK is None:
-        _STEP_HOOK = register_optimizer_step_post_hook(_count_optimizer_step)
+def _watch_optimizer_steps(owner: object) -> None:
+    """Count optimizer steps for as long as ``owner`` lives."""
+    global _HOOK_HANDLE, _HOOK_USERS
+    with _HOOK_LOCK:
+        if _HOOK_HANDLE is None:
+            _HOOK_HANDLE = register_optimizer_step_post_hook(_count_optimizer_step)
+        _HOOK_USERS += 1
+    weakref.finalize(owner, _unwatch_optimizer_steps)
+
+
+def _unwatch_optimizer_steps() -> None:
+    global _HOOK_HANDLE, _HOOK_USERS
+    with _HOOK_LOCK:
+        _HOOK_USERS -= 1
+        if _HOOK_USERS == 0 and _HOOK_HANDLE is not None:
+            _HOOK_HANDLE.remove()
+            _HOOK_HANDLE = None
+            # Counts only matter against a stamp taken by a live Projection; there is none.
+            _OPTIMIZER_STEPS.clear()
+
+
+def optimizer_step_watch() -> tuple[int, int]:
+    """(packed Projections watching optimizer steps, parameters with a step count): for leak checks."""
+    with _HOOK_LOCK:
+        return _HOOK_USERS, len(_OPTIMIZER_STEPS)
 
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -122,7 +150,7 @@ def _stamp(modules: Sequence[nn.Module]) -> tuple:
     for module in modules:
         if is_lora_linear(module):
             stamp.append((module.disable_adapters, module.merged, tuple(module.active_adapters)))
-        stamp.extend((t._version, t.data_ptr(), _OPTIMIZER_STEPS.get(id(t), 0)) for t in _tracked(module))
+        stamp.extend((t._version, t.data_ptr(), _OPTIMIZER_STEPS.get(t, 0)) for t in _tracked(module))
     return tuple(stamp)
 
 
@@ -159,7 +187,7 @@ class Projection:
         self._onednn = False
         self._seen: tuple | None = None
         if weight_format == "packed":
-            _watch_optimizer_steps()
+            _watch_optimizer_steps(self)
 
     def refresh(self) -> bool:
         """Re-pack if a source parameter changed since packing; returns whether it re-packed."""
