@@ -40,16 +40,16 @@ from hybridflow.config.build import check_leaves
 from hybridflow.config.spec import section, setting
 from hybridflow.data import DataFileError, DataRowError, read_rows
 from hybridflow.trainer.metrics import PromptStats, prompt_stats, validation_metrics
+from hybridflow.utils.errors import run_main
 from hybridflow.workers.reward import (
     EXECUTORS,
     REWARD_MANAGERS,
     SCORERS,
+    CustomRewardFunction,
     ScoreItem,
     ScoreOutcome,
-    load_custom_reward_function,
 )
 from hybridflow.workers.reward.executors import ERROR, OK, TIMEOUT
-from hybridflow.utils.errors import run_main
 
 logger = logging.getLogger("hybridflow.eval")
 
@@ -172,9 +172,13 @@ def _row_samples(row: dict[str, Any], i: int, path: str, data: EvalDataConfig) -
 
 
 def build_scorer(cfg: EvalConfig) -> Callable[..., Any] | None:
-    """The custom scoring function, or None for ``default_compute_score``."""
+    """The custom scoring function, or None for ``default_compute_score``. The file is imported
+    where the scorer runs: in the scorer processes (executor ``process``), never in this one
+    (see :class:`~hybridflow.workers.reward.custom.CustomRewardFunction`)."""
     custom = cfg.custom_reward_function
-    return load_custom_reward_function(custom.path, custom.name, dict(custom.reward_kwargs))
+    if not custom.path:
+        return None
+    return CustomRewardFunction(custom.path, custom.name, dict(custom.reward_kwargs))
 
 
 def score_samples(
