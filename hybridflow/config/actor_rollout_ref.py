@@ -193,7 +193,11 @@ class RolloutConfig:
     prompt_length: int | None = setting(None, "max prompt tokens; null = data.max_prompt_length", ge=1)
     response_length: int | None = setting(None, "max new tokens; null = data.max_response_length", ge=1)
     seed: int | None = setting(None, "sampling seed; null = trainer.seed")
-    calculate_log_probs: bool = setting(False, "return the sampler's log-probs (rollout_log_probs)")
+    calculate_log_probs: bool = setting(
+        False,
+        "keep the sampler's log-probs in the batch (rollout_log_probs): needed by loss_mode=bypass_mode; logs the "
+        "rollout/actor mismatch (rollout/actor_logprob_diff) when old log-probs are computed",
+    )
     log_prob_micro_batch_size_per_gpu: int = setting(8, "rows per forward pass when computing old log-probs", ge=1)
     log_prob_use_dynamic_bsz: bool | None = setting(
         None, "token-budget batching for old log-probs; null = actor.use_dynamic_bsz"

@@ -17,6 +17,7 @@ from hybridflow.config.errors import ConfigError
 from hybridflow.config.ppo import PPOConfig
 from hybridflow.config.ppo_rules import finalize_ppo_config
 from hybridflow.config.sources import deep_merge, has_interpolation, merge_sources, resolve_interpolations
+from hybridflow.config.verl_compat import move_keys
 
 logger = logging.getLogger("hybridflow.config")
 
@@ -31,6 +32,8 @@ def load_structured(root_cls: type[C], config_files: list[str] | None, overrides
     """
     tree = merge_sources(config_files, list(overrides))
     report = PruneReport()
+    if root_cls is PPOConfig:
+        tree = move_keys(tree, report.problems, report.renamed)
     user = prune(root_cls, tree, report)
     if report.problems:
         raise ConfigError(report.problems)

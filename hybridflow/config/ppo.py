@@ -54,7 +54,6 @@ class DataConfig:
     )
     max_samples: int = setting(-1, "use only the first N training rows; -1 = all", ge=-1)
     val_max_samples: int = setting(-1, "use only the first N validation rows; -1 = all", ge=-1)
-    dataloader_num_workers: int = setting(0, "data-loading worker processes; 0 = load in the main process", ge=0)
     apply_chat_template_kwargs: dict[str, Any] = setting(
         factory=dict, help="extra keyword arguments for tokenizer.apply_chat_template"
     )
@@ -119,7 +118,9 @@ class RewardModelConfig:
     enable: bool = setting(False, "score with a reward model instead of only rule-based functions")
     reward_manager: str = setting("naive", "reward manager in the registry: naive, batch, dapo, prime")
     timeout_s: float = setting(10.0, "seconds one scoring call may take before it scores 0", gt=0)
-    num_workers: int = setting(4, "scoring processes of the prime reward manager", ge=1)
+    num_workers: int | None = setting(
+        None, "scorer processes of the reward manager; null = its default (naive, batch, dapo: 1; prime: 4)", ge=1
+    )
     memory_limit_mb: int = setting(
         4096, "address space (MiB) each scorer process may add to what it starts with (RLIMIT_AS); 0 = no cap", ge=0
     )

@@ -303,12 +303,34 @@ def rule_data(cfg: PPOConfig) -> list[str]:
 
 def rule_algorithm(cfg: PPOConfig) -> list[str]:
     algo = cfg.algorithm
+    problems = []
     if algo.gdpo_reward_weights and len(algo.gdpo_reward_weights) != len(algo.gdpo_reward_keys):
-        return [
+        problems.append(
             f"algorithm.gdpo_reward_weights has {len(algo.gdpo_reward_weights)} entries but "
             f"algorithm.gdpo_reward_keys has {len(algo.gdpo_reward_keys)}; give one weight per key (or none)"
-        ]
-    return []
+        )
+    if algo.use_pf_ppo and algo.adv_estimator != "gae":
+        problems.append(
+            f"algorithm.use_pf_ppo=true resamples rows after GAE (as in verl); with adv_estimator={algo.adv_estimator} "
+            "set it to false"
+        )
+    return problems
+
+
+def rule_not_yet(cfg: PPOConfig) -> list[str]:
+    """Switches of features a later version brings: accepted off (verl's defaults), refused on."""
+    problems = []
+    if cfg.reward_model.enable:
+        problems.append(
+            "reward_model.enable=true: scoring with a reward model is not implemented yet; score with a rule-based "
+            "function (the built-in scorers, or custom_reward_function.path) and set reward_model.enable=false"
+        )
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        problems.append(
+            f"{_ARR}.rollout.multi_turn.enable=true: multi-turn / tool-calling rollouts (the agent loop) are not "
+            "implemented yet; set it to false (the other multi_turn keys act only when it is on)"
+        )
+    return problems
 
 
 def rule_trainer(cfg: PPOConfig) -> list[str]:
@@ -333,4 +355,5 @@ PPO_RULES: tuple[Callable[[PPOConfig], list[str]], ...] = (
     rule_data,
     rule_algorithm,
     rule_trainer,
+    rule_not_yet,
 )

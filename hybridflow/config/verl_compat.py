@@ -47,15 +47,15 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey("*.ulysses_sequence_parallel_size", "sequence parallelism is not implemented; memory option only"),
     IgnoredKey("*.enable_activation_offload", "activation offload; a memory option only"),
     IgnoredKey("*.entropy_checkpointing", "entropy recomputation; a memory option only"),
-    IgnoredKey("*.override_config.*", "HF config overrides are not applied"),
+    IgnoredKey("*.override_config.*", "overrides of the HF model config are not applied yet", only_when_off=True),
     IgnoredKey("*.external_lib", "custom-model import hook not supported"),
     IgnoredKey("*.optim.total_training_steps", "derived from trainer.total_training_steps"),
-    IgnoredKey("*.optim.clip_grad", "use *.grad_clip"),
     IgnoredKey(f"{_ARR}.hybrid_engine", "actor, rollout and reference always share the policy model"),
     IgnoredKey(f"{_ARR}.nccl_timeout", "collective timeout of verl's NCCL groups"),
     IgnoredKey(f"{_ARR}.actor.ppo_micro_batch_size", "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu"),
     IgnoredKey(f"{_ARR}.ref.strategy", "the reference runs on the actor's engine"),
-    IgnoredKey(f"{_ARR}.ref.model", "the reference is the initial policy model"),
+    IgnoredKey(f"{_ARR}.ref.model", "a reference model other than the actor's initial weights is not supported",
+               only_when_off=True),
     IgnoredKey(f"{_ARR}.ref.entropy_from_logits_with_chunking", "the reference computes no entropy"),
     IgnoredKey(f"{_ARR}.*.log_prob_micro_batch_size", "deprecated global micro-batch; use *_per_gpu"),
     IgnoredKey(f"{_ARR}.rollout.mode", "vLLM/SGLang sync or async server mode"),
@@ -100,6 +100,7 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey("reward_model.launch_reward_fn_async", "scoring overlaps nothing here; a speed option only"),
     IgnoredKey("reward_model.sandbox_fusion.*", "remote code-execution sandbox not supported"),
     IgnoredKey("data.use_shm", "shared-memory data loading; a speed option only"),
+    IgnoredKey("data.dataloader_num_workers", "rows are read in the trainer process; a loader-speed option only"),
     IgnoredKey("data.return_raw_input_ids", "raw input ids are only needed with a separate reward-model tokenizer"),
     IgnoredKey("data.return_full_prompt", "verl debugging field"),
     IgnoredKey("data.filter_overlong_prompts_workers", "filtering runs in one process"),
@@ -142,6 +143,53 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
         only_when_off=True,
     ),
 )
+
+
+@dataclass(frozen=True)
+class MovedKey:
+    """A verl key that sets one of ours in another section (``old`` and ``new`` are full paths)."""
+
+    old: str
+    new: str
+
+
+VERL_MOVED_KEYS: tuple[MovedKey, ...] = (
+    MovedKey(f"{_ARR}.actor.optim.clip_grad", f"{_ARR}.actor.grad_clip"),
+    MovedKey("critic.optim.clip_grad", "critic.grad_clip"),
+)
+
+
+def move_keys(tree: dict, problems: list[str], moved: list[tuple[str, str]]) -> dict:
+    """``tree`` with each :data:`VERL_MOVED_KEYS` entry moved to its new place (in place).
+
+    Both given with different values is a problem; the same value twice is fine (verl's own
+    generated config sets both ``actor.optim.clip_grad`` and ``actor.grad_clip``).
+    """
+    for entry in VERL_MOVED_KEYS:
+        *old_parents, old_leaf = entry.old.split(".")
+        parent = _walk(tree, old_parents)
+        if parent is None or old_leaf not in parent:
+            continue
+        value = parent.pop(old_leaf)
+        *new_parents, new_leaf = entry.new.split(".")
+        target = _walk(tree, new_parents, create=True)
+        if new_leaf in target and target[new_leaf] != value:
+            problems.append(f"{entry.old}={value!r} and {entry.new}={target[new_leaf]!r} set the same thing; give one")
+            continue
+        target[new_leaf] = value
+        moved.append((entry.old, entry.new))
+    return tree
+
+
+def _walk(tree: dict, parts: list[str], create: bool = False) -> dict | None:
+    node = tree
+    for part in parts:
+        if not isinstance(node.get(part), dict):
+            if not create:
+                return None
+            node[part] = {}
+        node = node[part]
+    return node
 
 
 @dataclass(frozen=True)

@@ -85,9 +85,10 @@ def begin_checkpoint(default_local_dir: str | os.PathLike, step: int) -> Checkpo
     return CheckpointPaths(root=root, staging=staging)
 
 
-def commit_checkpoint(paths: CheckpointPaths, step: int, keep: int | None) -> None:
+def commit_checkpoint(paths: CheckpointPaths, step: int, keep: int | None, keep_critic: int | None = None) -> None:
     """Write the manifest, fsync, move the staged checkpoint into place, point ``latest`` at
-    it, prune old ones."""
+    it, prune old ones: whole checkpoints beyond the newest ``keep``, and the ``critic/`` part
+    of those beyond the newest ``keep_critic`` (verl's ``max_critic_ckpt_to_keep``)."""
     write_manifest(paths.staging, step)
     fsync_tree(paths.staging)
     old = None
@@ -99,12 +100,38 @@ def commit_checkpoint(paths: CheckpointPaths, step: int, keep: int | None) -> No
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     atomic_write_text(paths.root.parent / LATEST_FILE, str(step))
+    # Only steps up to this one count: later folders belong to a run that was rewound past
+    # them (resumed from an older checkpoint) and are replaced when their step is saved again.
+    earlier = [folder for s, folder in list_checkpoints(paths.root.parent) if s <= step]
     if keep is not None and keep > 0:
-        # Only steps up to this one count: later folders belong to a run that was rewound past
-        # them (resumed from an older checkpoint) and are replaced when their step is saved again.
-        earlier = [folder for s, folder in list_checkpoints(paths.root.parent) if s <= step]
         for folder in earlier[:-keep]:
             shutil.rmtree(folder, ignore_errors=True)
+        earlier = earlier[-keep:]
+    if keep_critic is not None and keep_critic > 0:
+        for folder in earlier[:-keep_critic]:
+            drop_part(folder, "critic")
+
+
+def drop_part(folder: Path, part: str) -> None:
+    """Delete ``folder/part`` and take its files out of the manifest (listed under ``dropped``),
+    so the checkpoint still verifies; resuming a run that needs the part says it is gone."""
+    target = folder / part
+    manifest_file = folder / MANIFEST_FILE
+    if not target.is_dir() or not manifest_file.is_file():
+        return
+    manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+    manifest["files"] = {name: size for name, size in manifest["files"].items() if not name.startswith(f"{part}/")}
+    manifest["dropped"] = sorted(set(manifest.get("dropped", [])) | {part})
+    atomic_write_text(manifest_file, json.dumps(manifest, indent=1) + "\n")
+    shutil.rmtree(target, ignore_errors=True)
+
+
+def dropped_parts(path: Path) -> list[str]:
+    """The parts retention removed from checkpoint ``path`` (e.g. ``["critic"]``)."""
+    try:
+        return list(json.loads((path / MANIFEST_FILE).read_text(encoding="utf-8")).get("dropped", []))
+    except (OSError, ValueError):
+        return []
 
 
 def write_manifest(folder: Path, step: int) -> None:

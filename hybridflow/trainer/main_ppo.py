@@ -135,8 +135,9 @@ def build_reward_fns(config: PPOConfig, tokenizer):
             overlong_buffer_enable=rm.overlong_buffer.enable,
             overlong_buffer_len=rm.overlong_buffer.len,
             overlong_penalty_factor=rm.overlong_buffer.penalty_factor,
+            overlong_buffer_log=rm.overlong_buffer.log,
         )
-    if rm.reward_manager == "prime":
+    if rm.num_workers is not None:  # null: each manager's own default
         extra["num_workers"] = rm.num_workers
     kwargs = dict(
         compute_score=compute_score, reward_fn_key=config.data.reward_fn_key, timeout_s=rm.timeout_s,

@@ -22,7 +22,6 @@ needs (``EstimatorSpec``) and the config — never by branching on the estimator
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +41,8 @@ from hybridflow.protocol import DataProto
 from hybridflow.tracking import Tracking
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.balance import balance_batch
+from hybridflow.trainer.pf_ppo import pf_ppo_resample
+from hybridflow.trainer.generations import dump_rollouts, print_samples, validation_rows, write_jsonl
 from hybridflow.trainer.dynamic_sampling import SUMMED_REWARD_METRIC, response_metric, varied_group_rows
 from hybridflow.trainer.metrics import (
     Timer,
@@ -137,10 +138,14 @@ class PPOTrainer:
     def fit(self) -> dict[str, float]:
         """Train until ``total_training_steps``; returns the last step's metrics."""
         self.load_checkpoint()
+        trainer_cfg = self.config.trainer
+        if trainer_cfg.val_only:  # verl's evaluation-only run: validate the (resumed) policy, train nothing
+            metrics = self.validate()
+            self.tracking.log(metrics, step=self.global_steps)
+            return metrics
         if self.global_steps >= self.total_training_steps:
             print(f"training already finished: step {self.global_steps} of {self.total_training_steps}; nothing to do")
             return {}
-        trainer_cfg = self.config.trainer
         if trainer_cfg.val_before_train and self.global_steps == 0 and self.val_loader is not None:
             self.tracking.log(self.validate(), step=0)
         last: dict[str, float] = {}
@@ -193,6 +198,8 @@ class PPOTrainer:
                     batch = batch.union(self.workers.critic.compute_values(batch))
             with timer.phase("adv"):
                 metrics |= self.compute_advantage(batch)
+                if self.config.algorithm.use_pf_ppo:
+                    batch = pf_ppo_resample(batch, self.config.algorithm.pf_ppo, self.config.trainer.seed, self.global_steps)
             if self.use_critic:
                 with timer.phase("update_critic"):
                     metrics |= self.update_critic(batch)
@@ -201,7 +208,8 @@ class PPOTrainer:
                     metrics |= self.update_actor(batch)
             with timer.phase("sync_weights"):
                 self.workers.rollout.update_weights()
-        self.dump_rollouts(batch)
+        if self.config.trainer.rollout_data_dir:
+            dump_rollouts(self.config.trainer.rollout_data_dir, self.global_steps, self.tokenizer, batch)
         metrics |= compute_data_metrics(batch, self.use_critic)
         metrics |= timer.metrics()
         metrics |= compute_throughput_metrics(batch, timer.timings["step"])
@@ -242,6 +250,8 @@ class PPOTrainer:
         if progress_desc:
             prompts.meta_info["progress_desc"] = progress_desc
         output = self.workers.rollout.generate_sequences(prompts)
+        if not self.config.actor_rollout_ref.rollout.calculate_log_probs and F.ROLLOUT_LOG_PROBS in output.batch.keys():
+            output.pop(batch_keys=[F.ROLLOUT_LOG_PROBS])  # kept only when asked for (verl's calculate_log_probs)
         return output.union(batch)
 
     def keep_varied_groups(
@@ -392,9 +402,11 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------------------ validation
     def validate(self) -> dict[str, float]:
-        """Greedy (val_kwargs) responses on the whole validation set, scored per data source."""
-        vk = self.config.actor_rollout_ref.rollout.val_kwargs
-        sources, prompt_ids, scores, preds, samples = [], [], [], [], []
+        """Greedy (val_kwargs) responses on the whole validation set, scored per data source;
+        written to ``trainer.validation_data_dir`` and printed (``log_val_generations``) if set."""
+        vk, trainer_cfg = self.config.actor_rollout_ref.rollout.val_kwargs, self.config.trainer
+        sources, prompt_ids, scores, preds, rows = [], [], [], [], []
+        keep_rows = bool(trainer_cfg.validation_data_dir) or trainer_cfg.log_val_generations > 0
         started, batches = time.perf_counter(), len(self.val_loader)
         for start, batch_dict in enumerate(self.val_loader):
             batch = DataProto.from_single_dict(batch_dict)
@@ -408,53 +420,18 @@ class PPOTrainer:
             prompt_ids += batch.non_tensor_batch[F.UID].tolist()
             scores += row_scores
             preds += extra["pred"] if "pred" in extra else []
-            samples += self._decode_samples(batch, row_scores)
+            if keep_rows:
+                rows += validation_rows(self.tokenizer, batch, row_scores, extra, self.global_steps)
         metrics = validation_metrics(sources, prompt_ids, scores, preds if len(preds) == len(scores) else None)
         means = [v for k, v in metrics.items() if "/mean@" in k]
         metrics["val-core/mean"] = float(np.mean(means)) if means else float("nan")
         metrics["timing_s/testing"] = time.perf_counter() - started
-        self._print_samples(samples)
+        if trainer_cfg.validation_data_dir:
+            write_jsonl(Path(trainer_cfg.validation_data_dir) / f"{self.global_steps}.jsonl", rows)
+        print_samples(rows, trainer_cfg.log_val_generations)
         return metrics
 
-    def _decode_samples(self, batch: DataProto, scores: list[float]) -> list[tuple[str, str, float]]:
-        k = self.config.trainer.log_val_generations
-        if k <= 0:
-            return []
-        td = batch.batch
-        rows = range(min(k, len(batch)))
-        return [
-            (
-                self.tokenizer.decode(td[F.PROMPTS][i][td[F.ATTENTION_MASK][i, : td[F.PROMPTS].shape[1]].bool()], skip_special_tokens=True),
-                self.tokenizer.decode(td[F.RESPONSES][i][td[F.RESPONSE_MASK][i].bool()], skip_special_tokens=True),
-                scores[i],
-            )
-            for i in rows
-        ]
-
-    def _print_samples(self, samples: list[tuple[str, str, float]]) -> None:
-        for prompt, response, score in samples[: self.config.trainer.log_val_generations]:
-            tail = prompt.strip().splitlines()[-2:] if prompt.strip() else [""]
-            print(f"[val sample] score={score:.2f} prompt=…{' / '.join(tail)!r} response={response!r}")
-
     # ------------------------------------------------------------------------------ bookkeeping
-    def dump_rollouts(self, batch: DataProto) -> None:
-        """``trainer.rollout_data_dir``: one JSONL per step of prompts, responses and scores."""
-        out_dir = self.config.trainer.rollout_data_dir
-        if not out_dir:
-            return
-        td = batch.batch
-        scores = td[F.TOKEN_LEVEL_SCORES].sum(-1).tolist()
-        prompt_width = td[F.PROMPTS].shape[1]
-        path = Path(out_dir) / f"{self.global_steps}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", encoding="utf-8") as f:
-            for i in range(len(batch)):
-                prompt = self.tokenizer.decode(td[F.PROMPTS][i][td[F.ATTENTION_MASK][i, :prompt_width].bool()])
-                response = self.tokenizer.decode(td[F.RESPONSES][i][td[F.RESPONSE_MASK][i].bool()])
-                row = {"step": self.global_steps, "uid": str(batch.non_tensor_batch[F.UID][i]),
-                       "prompt": prompt, "response": response, "score": scores[i]}
-                f.write(json.dumps(row) + "\n")
-
     def save_checkpoint(self) -> Path:
         """Actor (and critic) states, then the controller's, committed atomically."""
         trainer_cfg = self.config.trainer
@@ -465,7 +442,8 @@ class PPOTrainer:
         state = {"global_steps": self.global_steps, "dataloader": self.train_loader.state_dict(),
                  "kl_ctrl": self.kl_ctrl.state_dict(), "rng": ckpt.rng_state()}  # plain JSON values
         ckpt.save_controller_state(paths.controller_state, state)
-        ckpt.commit_checkpoint(paths, self.global_steps, trainer_cfg.max_actor_ckpt_to_keep)
+        ckpt.commit_checkpoint(paths, self.global_steps, trainer_cfg.max_actor_ckpt_to_keep,
+                               trainer_cfg.max_critic_ckpt_to_keep if self.use_critic else None)
         return paths.root
 
     def close(self) -> None:
@@ -493,6 +471,11 @@ class PPOTrainer:
         )
         if path is not None:
             state = ckpt.load_controller_state(path, required=("global_steps", "dataloader", "kl_ctrl", "rng"))
+            if self.use_critic and "critic" in ckpt.dropped_parts(path):
+                raise ckpt.CheckpointError(
+                    f"{path} keeps the actor only: its critic was pruned (trainer.max_critic_ckpt_to_keep); "
+                    "resume from a newer checkpoint"
+                )
             self.workers.actor.load_checkpoint(str(path / "actor"))
             if self.use_critic:
                 self.workers.critic.load_checkpoint(str(path / "critic"))

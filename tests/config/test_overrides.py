@@ -65,7 +65,7 @@ def test_overrides_of_every_type_reach_the_dataclasses():
             "actor_rollout_ref.rollout.val_kwargs.n=3",  # nested
             "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",  # nested two levels
             "data.apply_chat_template_kwargs.enable_thinking=false",  # into a map key
-            "actor_rollout_ref.rollout.multi_turn={enable: true, max_assistant_turns: 3}",  # map into a section
+            "actor_rollout_ref.rollout.multi_turn={enable: false, max_assistant_turns: 3}",  # map into a section
             "+trainer.seed=7",  # verl's '+' prefix
         ],
     )
@@ -81,7 +81,7 @@ def test_overrides_of_every_type_reach_the_dataclasses():
     assert arr.rollout.val_kwargs.n == 3 and arr.rollout.val_kwargs.temperature == 0.0
     assert arr.actor.policy_loss.loss_mode == "gspo"
     assert cfg.data.apply_chat_template_kwargs == {"enable_thinking": False}
-    assert arr.rollout.multi_turn.enable is True and arr.rollout.multi_turn.max_assistant_turns == 3
+    assert arr.rollout.multi_turn.enable is False and arr.rollout.multi_turn.max_assistant_turns == 3
     assert arr.rollout.multi_turn.max_parallel_calls == 1  # untouched keys of the section keep defaults
     assert cfg.trainer.seed == 7 and arr.rollout.seed == 7
 

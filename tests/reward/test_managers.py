@@ -102,7 +102,7 @@ def test_dapo_adds_the_penalty(make_batch, tokenizer):
     max_len, buffer = max(lengths), 4
     manager = DAPORewardManager(
         tokenizer, compute_score=always_one, max_resp_len=max_len,
-        overlong_buffer_enable=True, overlong_buffer_len=buffer, overlong_penalty_factor=1.0,
+        overlong_buffer_enable=True, overlong_buffer_len=buffer, overlong_penalty_factor=1.0, overlong_buffer_log=True,
     )
     reward, info = manager(data)
     penalties = [min(-(n - (max_len - buffer)) / buffer, 0.0) for n in lengths]
@@ -112,6 +112,12 @@ def test_dapo_adds_the_penalty(make_batch, tokenizer):
     assert info["overlong"] == [1.0 if p < 0 else 0.0 for p in penalties]
     plain, plain_info = DAPORewardManager(tokenizer, compute_score=always_one)(data)
     assert plain.sum().item() == 3.0 and "overlong" not in plain_info
+    quiet = DAPORewardManager(tokenizer, compute_score=always_one, max_resp_len=max_len,
+                              overlong_buffer_enable=True, overlong_buffer_len=buffer)
+    quiet_reward, quiet_info = quiet(data)  # overlong_buffer.log=false: penalised, not logged
+    assert torch.equal(quiet_reward, reward) and "overlong_reward" not in quiet_info
+    for m in (manager, quiet):
+        m.close()
 
 
 def test_dapo_settings_are_checked(tokenizer):

@@ -39,8 +39,9 @@ class DAPORewardManager(RewardManager):
     """Naive scoring plus the overlong penalty when ``overlong_buffer_enable``.
 
     Extra args: ``max_resp_len`` (required when enabled), ``overlong_buffer_enable``,
-    ``overlong_buffer_len``, ``overlong_penalty_factor``. Adds per-item ``overlong_reward``
-    (the penalty) and ``overlong`` (1.0 where it is < 0) to the extra info when enabled.
+    ``overlong_buffer_len``, ``overlong_penalty_factor``, ``overlong_buffer_log``. With
+    ``overlong_buffer_log`` (verl's ``overlong_buffer.log``) the per-item ``overlong_reward``
+    (the penalty) and ``overlong`` (1.0 where it is < 0) join the extra info, i.e. the logs.
     """
 
     def __init__(
@@ -58,6 +59,7 @@ class DAPORewardManager(RewardManager):
         overlong_buffer_enable: bool = False,
         overlong_buffer_len: int = 0,
         overlong_penalty_factor: float = 1.0,
+        overlong_buffer_log: bool = False,
     ) -> None:
         super().__init__(
             tokenizer, compute_score=compute_score, num_examine=num_examine, reward_fn_key=reward_fn_key,
@@ -75,6 +77,7 @@ class DAPORewardManager(RewardManager):
         self.overlong_buffer_enable = overlong_buffer_enable
         self.overlong_buffer_len = overlong_buffer_len
         self.overlong_penalty_factor = overlong_penalty_factor
+        self.overlong_buffer_log = overlong_buffer_log
 
     def adjust(self, items: list[ScoreItem], outcomes: list[ScoreOutcome]) -> tuple[list[float], dict[str, list[Any]]]:
         scores = [o.score for o in outcomes]
@@ -86,4 +89,6 @@ class DAPORewardManager(RewardManager):
         ).tolist()
         penalties = [p if o.status == OK else 0.0 for p, o in zip(penalties, outcomes)]
         final = [s + p for s, p in zip(scores, penalties)]
+        if not self.overlong_buffer_log:
+            return final, {}
         return final, {"overlong_reward": penalties, "overlong": [1.0 if p < 0 else 0.0 for p in penalties]}
