@@ -120,12 +120,13 @@ class ActorConfig:
     )
     ppo_mini_batch_size: int = setting(4, "prompts per optimizer step (global; × rollout.n responses)", ge=1)
     ppo_micro_batch_size_per_gpu: int = setting(
-        8, "responses per forward/backward pass on one device (gradient accumulation)", ge=1
+        8, "responses per forward/backward pass on one device (gradient accumulation)", ge=1, null_is_default=True
     )
     use_dynamic_bsz: bool = setting(False, "form micro-batches by token budget instead of by count")
     ppo_max_token_len_per_gpu: int = setting(16384, "token budget of one micro-batch when use_dynamic_bsz", ge=1)
     ppo_epochs: int = setting(1, "passes over each batch of rollouts", ge=1)
     shuffle: bool = setting(False, "shuffle rows before splitting into mini-batches")
+    data_loader_seed: int | None = setting(None, "seed of that mini-batch shuffle (verl's key); null = trainer.seed")
     clip_ratio: float = setting(0.2, "PPO clip range ε", gt=0)
     clip_ratio_low: float | None = setting(None, "lower clip ε_low (ratio ≥ 1 − ε_low); null = clip_ratio", ge=0)
     clip_ratio_high: float | None = setting(None, "upper clip ε_high (ratio ≤ 1 + ε_high); null = clip_ratio", ge=0)
@@ -198,7 +199,9 @@ class RolloutConfig:
         "keep the sampler's log-probs in the batch (rollout_log_probs): needed by loss_mode=bypass_mode; logs the "
         "rollout/actor mismatch (rollout/actor_logprob_diff) when old log-probs are computed",
     )
-    log_prob_micro_batch_size_per_gpu: int = setting(8, "rows per forward pass when computing old log-probs", ge=1)
+    log_prob_micro_batch_size_per_gpu: int = setting(
+        8, "rows per forward pass when computing old log-probs", ge=1, null_is_default=True
+    )
     log_prob_use_dynamic_bsz: bool | None = setting(
         None, "token-budget batching for old log-probs; null = actor.use_dynamic_bsz"
     )
@@ -219,7 +222,9 @@ class RolloutConfig:
 class RefConfig:
     """``actor_rollout_ref.ref``: the frozen reference policy (for KL)."""
 
-    log_prob_micro_batch_size_per_gpu: int = setting(8, "rows per forward pass when computing ref log-probs", ge=1)
+    log_prob_micro_batch_size_per_gpu: int = setting(
+        8, "rows per forward pass when computing ref log-probs", ge=1, null_is_default=True
+    )
     log_prob_use_dynamic_bsz: bool | None = setting(
         None, "token-budget batching for ref log-probs; null = actor.use_dynamic_bsz"
     )

@@ -16,8 +16,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from hybridflow.config.coerce import CoercionError, coerce
-from hybridflow.config.spec import all_paths, bounds_of, config_fields, field_types, is_section, iter_leaves
-from hybridflow.config.verl_compat import find_ignored, is_off, renamed_to
+from hybridflow.config.spec import (
+    NULL_IS_DEFAULT,
+    all_paths,
+    bounds_of,
+    config_fields,
+    field_types,
+    is_section,
+    iter_leaves,
+)
+from hybridflow.config.verl_compat import find_ignored, renamed_to
 
 
 @dataclasses.dataclass
@@ -44,6 +52,8 @@ def _prune(cls: type, tree: Mapping[str, Any], report: PruneReport, prefix: str,
             continue
         path = f"{prefix}{key}"
         new_name = renamed_to(path) if key not in fields else None
+        if new_name is not None and value is None:
+            continue  # verl leaves its old name null when the new one is set (optim.warmup_style)
         if new_name is not None:
             report.renamed.append((path, f"{prefix}{new_name}"))
             if new_name in tree:
@@ -63,7 +73,7 @@ def _prune(cls: type, tree: Mapping[str, Any], report: PruneReport, prefix: str,
 
 def _unknown(path: str, value: Any, siblings: list[str], every: list[str], report: PruneReport) -> None:
     entry = find_ignored(path)
-    if entry is not None and (not entry.only_when_off or is_off(value)):
+    if entry is not None and entry.accepts(value):
         report.ignored.append((path, entry.reason))
     elif entry is not None:
         report.problems.append(f"{path}: not supported by hybridflow ({entry.reason})")
@@ -99,6 +109,8 @@ def apply(instance: Any, tree: Mapping[str, Any], problems: list[str], prefix: s
         if is_section(fields[key]):
             changes[key] = apply(getattr(instance, key), value, problems, f"{path}.")
             continue
+        if value is None and fields[key].metadata.get(NULL_IS_DEFAULT):
+            continue  # verl's null: the default
         try:
             changes[key] = coerce(value, types_[key])
         except CoercionError as err:

@@ -31,6 +31,9 @@ def load_structured(root_cls: type[C], config_files: list[str] | None, overrides
     problem; verl-only keys are dropped with one ``ignored: ...`` warning line each.
     """
     tree = merge_sources(config_files, list(overrides))
+    if has_interpolation(tree):
+        # Resolved before pruning, so verl-only keys are judged by their values, not "${...}".
+        tree = _project(resolve_interpolations(deep_merge(to_dict(root_cls()), tree)), tree)
     report = PruneReport()
     if root_cls is PPOConfig:
         tree = move_keys(tree, report.problems, report.renamed)
@@ -46,6 +49,17 @@ def load_structured(root_cls: type[C], config_files: list[str] | None, overrides
     if problems:
         raise ConfigError(problems)
     return config
+
+
+def _project(resolved: dict[str, Any], shape: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``resolved`` at the keys ``shape`` has (recursively)."""
+    out: dict[str, Any] = {}
+    for key, value in shape.items():
+        if isinstance(value, dict) and isinstance(resolved.get(key), dict):
+            out[key] = _project(resolved[key], value)
+        else:
+            out[key] = resolved.get(key, value)
+    return out
 
 
 def resolve_interpolations_over(defaults: Any, user: dict[str, Any]) -> dict[str, Any]:

@@ -94,6 +94,7 @@ class CriticConfig:
     )
     ppo_epochs: int | None = setting(None, "passes over each batch; null = the actor's", ge=1)
     shuffle: bool | None = setting(None, "shuffle before mini-batching; null = the actor's")
+    data_loader_seed: int | None = setting(None, "seed of that mini-batch shuffle (verl's key); null = trainer.seed")
     cliprange_value: float = setting(0.5, "value clip range ε_v", gt=0)
     loss_agg_mode: str | None = setting(None, "value-loss aggregation; null = the actor's loss_agg_mode")
     grad_clip: float = setting(1.0, "max global gradient norm", gt=0)

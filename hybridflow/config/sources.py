@@ -7,7 +7,8 @@ Override syntax (verl's, i.e. Hydra's):
   ``a.b=`` (nothing after ``=``) is the empty string.
 * ``+a.b.c=value`` / ``++a.b.c=value``   the same (verl scripts use ``+`` for keys missing
   from verl's YAML; here every key is declared, so the prefix changes nothing).
-* ``~a.b.c`` (delete) is rejected with a hint: set ``a.b.c=null`` instead.
+* ``~a.b.c`` deletes a key set by a file or an earlier override (it returns to its default);
+  ``~a.b.c=v`` deletes it only if its value is ``v``.
 
 Values may use ``${other.key}`` interpolation (resolved with OmegaConf after all sources are
 merged, e.g. ``trainer.experiment_name=grpo_${actor_rollout_ref.rollout.n}``).
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,9 +68,6 @@ def read_yaml_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def parse_override(item: str) -> tuple[str, Any]:
     """``"a.b=3"`` → ``("a.b", 3)``; see the module docstring for the syntax."""
-    if item.startswith("~"):
-        key = item[1:].split("=")[0]
-        raise ConfigError(f"override {item!r}: deleting keys is not supported; set {key}=null instead")
     key, sep, raw = item.lstrip("+").partition("=")
     key = key.strip()
     if not sep:
@@ -104,9 +103,30 @@ def merge_sources(config_files: list[str] | None, overrides: list[str]) -> dict[
     for path in config_files or []:
         merged = deep_merge(merged, read_yaml_file(path))
     for item in overrides:
+        if item.startswith("~"):  # hydra's deletion: the key goes back to its default
+            merged = delete_key(merged, item)
+            continue
         key, value = parse_override(item)
         merged = deep_merge(merged, nest(key, value))
     return merged
+
+
+def delete_key(tree: dict[str, Any], item: str) -> dict[str, Any]:
+    """``~a.b`` (or ``~a.b=v``, deleted only if the value is v): drop ``a.b`` from ``tree``."""
+    key, sep, raw = item[1:].partition("=")
+    key = key.strip()
+    if not _KEY_RE.match(key):
+        raise ConfigError(f"override {item!r}: {key!r} is not a dotted key like a.b.c")
+    *parents, leaf = key.split(".")
+    node: Any = tree
+    for part in parents:
+        node = node.get(part) if isinstance(node, Mapping) else None
+    if not isinstance(node, dict) or leaf not in node:
+        return tree  # not set by a file or earlier override: the default already applies
+    if sep and node[leaf] != parse_yaml(raw, f"override {item!r}"):
+        raise ConfigError(f"override {item!r}: {key} is {node[leaf]!r}, not {raw}; nothing deleted")
+    del node[leaf]
+    return tree
 
 
 def has_interpolation(value: Any) -> bool:
@@ -127,3 +147,14 @@ def resolve_interpolations(tree: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"interpolation failed: {err}".splitlines()[0]) from None
     assert isinstance(resolved, dict)
     return resolved
+
+
+def hydra_config_file(config_path: str | None, config_name: str | None) -> str | None:
+    """The file named by hydra's ``--config-path DIR --config-name NAME`` (``NAME`` or
+    ``NAME.yaml`` in ``DIR``; ``DIR`` defaults to the working folder), or None when no name."""
+    if config_name is None:
+        if config_path is not None:
+            raise ConfigError("--config-path needs --config-name (the YAML file in that folder)")
+        return None
+    name = config_name if config_name.endswith((".yaml", ".yml")) else f"{config_name}.yaml"
+    return str(Path(config_path or ".") / name)

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 # Metadata keys stored on each dataclass field.
 HELP = "help"
+NULL_IS_DEFAULT = "null_is_default"  # verl writes null for "use the default" here
 BOUNDS = ("ge", "gt", "le", "lt")
 _SECTION = "section"
 
@@ -33,15 +34,19 @@ def setting(
     gt: float | None = None,
     le: float | None = None,
     lt: float | None = None,
+    null_is_default: bool = False,
 ) -> Any:
     """Declare a leaf key: its default, a one-line help text, and optional bounds.
 
     Bounds apply to numbers (``ge`` ≥, ``gt`` >, ``le`` ≤, ``lt`` <) and are skipped when the
-    value is ``None``. Use ``factory`` for a mutable default (``dict``).
+    value is ``None``. Use ``factory`` for a mutable default (``dict``). ``null_is_default``: a
+    ``null`` given for this (non-optional) key means its default, as verl's configs use it.
     """
     if not help:
         raise ValueError("every config key needs a help text")
     meta: dict[str, Any] = {HELP: help}
+    if null_is_default:
+        meta[NULL_IS_DEFAULT] = True
     for name, bound in zip(BOUNDS, (ge, gt, le, lt), strict=True):
         if bound is not None:
             meta[name] = bound

@@ -24,6 +24,21 @@ class IgnoredKey:
     pattern: str
     reason: str
     only_when_off: bool = False  # True: an unsupported feature, accepted only while switched off
+    # With only_when_off: further values that mean "off" (e.g. verl's "disabled"), or what
+    # hybridflow does anyway (optim.optimizer: AdamW); compared case-insensitively.
+    off_values: tuple[object, ...] = ()
+    # With only_when_off on a section: the keys that switch it on (the rest are its settings)
+    switch_keys: tuple[str, ...] = ()
+
+    def accepts(self, value: object) -> bool:
+        if not self.only_when_off:
+            return True
+        if isinstance(value, dict):
+            keys = [k for k in (self.switch_keys or value) if k in value and k != "_target_"]
+            return all(self.accepts(value[k]) for k in keys)
+        if isinstance(value, str) and value.lower() in {str(v).lower() for v in self.off_values}:
+            return True
+        return is_off(value)
 
 
 _ARR = "actor_rollout_ref"
@@ -136,11 +151,60 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey("data.sampler.*", "custom samplers are not supported", only_when_off=True),
     IgnoredKey("data.datagen.*", "dynamic data generation is not supported", only_when_off=True),
     IgnoredKey(f"{_ARR}.model.exclude_modules", "LoRA module exclusion is not supported", only_when_off=True),
+    # verl's current full config (_generated_ppo_trainer.yaml) ----------------------------------
+    IgnoredKey(f"{_ARR}.actor.rollout_n", "verl's copy of actor_rollout_ref.rollout.n, which is read"),
+    IgnoredKey(f"{_ARR}.ref.rollout_n", "verl's copy of actor_rollout_ref.rollout.n, which is read"),
+    IgnoredKey("*.optim.optimizer", "the optimizer is torch's AdamW", only_when_off=True, off_values=("AdamW",)),
+    IgnoredKey("*.optim.optimizer_impl", "the optimizer is torch's AdamW", only_when_off=True,
+               off_values=("torch.optim",)),
+    IgnoredKey("*.optim.override_optimizer_config.*", "extra optimizer arguments are not supported", only_when_off=True),
+    IgnoredKey("*.optim.optimizer_offload", "optimizer offload; a memory option only"),
+    IgnoredKey(f"{_ARR}.actor.freeze_vision_tower", "multi-modal models are not supported", only_when_off=True),
+    IgnoredKey(f"{_ARR}.rollout.freeze_vision_tower", "multi-modal models are not supported", only_when_off=True),
+    IgnoredKey(f"{_ARR}.actor.loss_scale_factor", "a loss scale factor is not supported", only_when_off=True),
+    IgnoredKey(f"{_ARR}.actor.calculate_entropy", "the entropy metric is computed in every update here"),
+    IgnoredKey(f"{_ARR}.actor.use_prefix_grouper", "a prompt repeated across rows always runs once per batch here"),
+    IgnoredKey(f"{_ARR}.actor.calculate_sum_pi_squared", "computed exactly when the advantage estimator needs it"),
+    IgnoredKey(f"{_ARR}.actor.sum_pi_squared_checkpointing", "recomputation of Σπ²; a memory option only"),
+    IgnoredKey("*.router_replay.*", "MoE router replay (no MoE support)", only_when_off=True, off_values=("disabled",),
+               switch_keys=("mode",)),
+    IgnoredKey(f"{_ARR}.rollout.logprobs_mode", "vLLM/SGLang log-prob mode; the built-in sampler returns processed "
+               "log-probs (after temperature)", only_when_off=True, off_values=("processed_logprobs",)),
+    IgnoredKey(f"{_ARR}.rollout.scheduling_policy", "vLLM scheduler policy"),
+    IgnoredKey(f"{_ARR}.rollout.skip_tokenizer_init", "vLLM tokenizer start-up switch"),
+    IgnoredKey(f"{_ARR}.rollout.enable_rollout_routing_replay", "MoE routing replay", only_when_off=True),
+    IgnoredKey(f"{_ARR}.rollout.prometheus.*", "vLLM metrics export"),
+    IgnoredKey(f"{_ARR}.rollout.limit_images", "multi-modal models are not supported", only_when_off=True),
+    IgnoredKey("*.quantization", "quantized rollouts are not supported", only_when_off=True),
+    IgnoredKey("*.quantization_config_file", "quantized rollouts are not supported", only_when_off=True),
+    IgnoredKey("*.mtp.*", "multi-token prediction is not supported", only_when_off=True, switch_keys=("enable",)),
+    IgnoredKey(f"{_ARR}.rollout.multi_turn.*", "acts only with multi_turn.enable, which is refused until the agent loop"),
+    IgnoredKey(f"{_ARR}.model.hf_config_path", "a separate HF config folder is not supported", only_when_off=True),
+    IgnoredKey(f"{_ARR}.model.tokenizer_path", "set data.tokenizer for a separate tokenizer", only_when_off=True),
+    IgnoredKey(f"{_ARR}.model.lora_adapter_path", "starting from saved LoRA adapters is not supported",
+               only_when_off=True),
+    IgnoredKey("*.tiled_mlp.*", "tiled MLP; a memory option only"),
+    IgnoredKey("data.tool_config_path", "acts only with the agent loop, which is not implemented yet", only_when_off=True),
+    IgnoredKey("data.image_patch_size", "multi-modal models are not supported; the key has no effect on text"),
+    IgnoredKey("reward_model.enable_resource_pool", "a separate reward-model resource pool (reward models: not yet)"),
+    IgnoredKey("reward_model.n_gpus_per_node", "a separate reward-model resource pool (reward models: not yet)"),
+    IgnoredKey("reward_model.nnodes", "a separate reward-model resource pool (reward models: not yet)"),
+    IgnoredKey("reward_model.rollout.*", "the reward model's own server (reward models: not yet)"),
+    IgnoredKey("reward_model.use_reward_loop", "verl's reward-loop implementation switch; rewards are computed by "
+               "reward_model.reward_manager here"),
+    IgnoredKey("reward_model.reward_loop_source", "custom reward-loop classes are not supported", only_when_off=True,
+               off_values=("register",)),
+    IgnoredKey("reward_model.reward_loop_module_path", "custom reward-loop classes are not supported", only_when_off=True),
+    IgnoredKey("reward_model.reward_loop_class_name", "custom reward-loop classes are not supported", only_when_off=True),
+    IgnoredKey("reward_manager.*", "verl's reward-manager section: its name sets reward_model.reward_manager; managers "
+               "come from the registry, custom classes (module.path) are not supported", only_when_off=True,
+               off_values=("register", "custom_reward_manager")),
     IgnoredKey(
         "algorithm.rollout_correction.*",
         "rollout correction is configured under actor_rollout_ref.actor.policy_loss.rollout_correction "
         "with loss_mode=bypass_mode",
         only_when_off=True,
+        switch_keys=("rollout_is", "rollout_rs", "bypass_mode"),
     ),
 )
 
@@ -156,6 +220,12 @@ class MovedKey:
 VERL_MOVED_KEYS: tuple[MovedKey, ...] = (
     MovedKey(f"{_ARR}.actor.optim.clip_grad", f"{_ARR}.actor.grad_clip"),
     MovedKey("critic.optim.clip_grad", "critic.grad_clip"),
+    # SAPO's temperatures: verl puts them on the actor, ours sit with the other loss settings
+    MovedKey(f"{_ARR}.actor.tau_pos", f"{_ARR}.actor.policy_loss.tau_pos"),
+    MovedKey(f"{_ARR}.actor.tau_neg", f"{_ARR}.actor.policy_loss.tau_neg"),
+    MovedKey("data.train_max_samples", "data.max_samples"),
+    # verl's root reward_manager section names the manager reward_model.reward_manager picks
+    MovedKey("reward_manager.name", "reward_model.reward_manager"),
 )
 
 
@@ -171,6 +241,12 @@ def move_keys(tree: dict, problems: list[str], moved: list[tuple[str, str]]) -> 
         if parent is None or old_leaf not in parent:
             continue
         value = parent.pop(old_leaf)
+        if isinstance(value, str) and "${" in value and entry.new in value:
+            value = None  # verl's mirror of the key it moves to, e.g. ${oc.select:reward_model.reward_manager,...}
+        if not parent and old_parents:
+            _walk(tree, old_parents[:-1]).pop(old_parents[-1])  # a section left empty goes too
+        if value is None:
+            continue
         *new_parents, new_leaf = entry.new.split(".")
         target = _walk(tree, new_parents, create=True)
         if new_leaf in target and target[new_leaf] != value:

@@ -18,6 +18,7 @@ import torch
 
 from hybridflow.config import ConfigError, PPOConfig, load_config
 from hybridflow.config.build import to_dict
+from hybridflow.config.sources import hydra_config_file
 from hybridflow.controller import ClassWithInitArgs, ResourcePool, colocated_class, create_worker_group
 from hybridflow.data import RLDataset, StatefulDataLoader
 from hybridflow.data.tasks import TASKS
@@ -223,12 +224,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hybridflow train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", action="append", default=[], help="YAML config file (repeatable)")
+    parser.add_argument("--config-path", default=None, help="hydra style: folder of --config-name")
+    parser.add_argument("--config-name", default=None, help="hydra style: NAME[.yaml] in --config-path (read first)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.adv_estimator=rloo")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     keep_freed_memory()
     try:
-        config = load_config(args.config, args.overrides)
+        hydra_file = hydra_config_file(args.config_path, args.config_name)
+        config = load_config(([hydra_file] if hydra_file else []) + args.config, args.overrides)
     except ConfigError as exc:
         print(f"hybridflow train: invalid config:\n{exc}", file=sys.stderr)
         return 2

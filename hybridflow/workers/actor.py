@@ -72,7 +72,8 @@ class ActorWorker(Worker):
         self.total_training_steps = total_training_steps
         self.device = torch.device(device)
         self.share_name = share_name
-        self._shuffle_generator = torch.Generator().manual_seed(seed + self.rank)
+        shuffle_seed = seed if config.actor.data_loader_seed is None else config.actor.data_loader_seed
+        self._shuffle_generator = torch.Generator().manual_seed(shuffle_seed + self.rank)
         self._engine: TrainEngine | None = None
         self._tokenizer: PreTrainedTokenizerBase | None = None
 

@@ -96,7 +96,8 @@ class CriticWorker(Worker):
         self.device = torch.device(device)
         self.seed = seed
         self.trust_remote_code = trust_remote_code
-        self._shuffle_generator = torch.Generator().manual_seed(seed + self.rank)
+        shuffle_seed = seed if config.data_loader_seed is None else config.data_loader_seed
+        self._shuffle_generator = torch.Generator().manual_seed(shuffle_seed + self.rank)
         self._engine: TrainEngine | None = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -38,7 +38,6 @@ def test_parse_override_values(item, expected):
     ("item", "message"),
     [
         ("trainer.seed", "must look like key=value"),
-        ("~trainer.seed", "deleting keys is not supported; set trainer.seed=null instead"),
         ("trainer..seed=1", "is not a dotted key"),
         ("a.b=[1,2", "not valid YAML"),
     ],
@@ -46,6 +45,16 @@ def test_parse_override_values(item, expected):
 def test_parse_override_errors(item, message):
     with pytest.raises(ConfigError, match=message):
         parse_override(item)
+
+
+def test_tilde_deletes_a_key_back_to_its_default(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  seed: 7\n  total_epochs: 3\n")
+    assert load_config([str(path)], ["~trainer.seed"]).trainer.seed == 1  # the default again
+    assert load_config([str(path)], ["~trainer.seed=7"]).trainer.seed == 1
+    assert load_config([str(path)], ["~trainer.nnodes"]).trainer.total_epochs == 3  # not set: nothing to delete
+    with pytest.raises(ConfigError, match="trainer.seed is 7, not 8; nothing deleted"):
+        load_config([str(path)], ["~trainer.seed=8"])
 
 
 def test_overrides_of_every_type_reach_the_dataclasses():
