@@ -9,11 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from hybridflow.config.__main__ import main as config_main
 from hybridflow.data.__main__ import main as data_main
 from hybridflow.data.io import write_rows
 from hybridflow.data.tasks.arithmetic import generate_arithmetic
+from hybridflow.server.main import main as serve_main
 from hybridflow.trainer.main_eval import main as eval_main
 from hybridflow.trainer.main_generation import main as generate_main
 from hybridflow.trainer.main_merge import main as export_main
@@ -50,7 +52,21 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "reward_other_name.py").write_text("def other(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
     (d / "reward_syntax.py").write_text("def compute_score(:\n")
     (d / "reward_exits.py").write_text("import os\nos._exit(7)\n")
+    _save_nan_model(d / "nan_model")
     return d
+
+
+def _save_nan_model(path: Path) -> None:
+    """A tiny model whose final norm weight is NaN: it loads, but every logit is NaN."""
+    from safetensors.torch import load_file, save_file
+
+    from hybridflow.models.tiny import save_tiny_model
+
+    save_tiny_model(path, arch="llama", seed=0)
+    weights = load_file(path / "model.safetensors")
+    name = next(k for k in weights if k.endswith("norm.weight") and "layers" not in k)
+    weights[name] = torch.full_like(weights[name], float("nan"))
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
 
 
 def train_args(d: Path, *extra: str) -> list[str]:
@@ -121,6 +137,8 @@ CASES: dict[str, tuple[Callable[[list[str]], int], Callable[[Path], list[str]], 
         train_main, lambda d: train_args(d, f"actor_rollout_ref.model.path={d / 'no_config_model'}"),
         ("no_config_model", "config.json"),
     ),
+    "model with NaN weights": (train_main, lambda d: train_args(d, f"actor_rollout_ref.model.path={d / 'nan_model'}"),
+                               ("non-finite logits", "the model is broken")),
     # rewards
     "missing reward file": (train_main, lambda d: train_args(d, "custom_reward_function.path=/nonexistent/r.py"),
                             ("custom_reward_function.path", "/nonexistent/r.py")),
@@ -167,6 +185,9 @@ CASES: dict[str, tuple[Callable[[list[str]], int], Callable[[Path], list[str]], 
                           ("digits must be at least 1",)),
     "data: bad size": (data_main, lambda d: ["arithmetic", "--out", str(d / "task"), "--train-size", "-3"], ("train",)),
     "plot: missing run": (plot_main, lambda d: ["/nonexistent/run"], ("/nonexistent/run",)),
+    # server
+    "serve: port out of range": (serve_main, lambda d: ["--model", "tiny-llama", "--port", "70000"],
+                                 ("70000 is not a TCP port",)),
 }
 
 

@@ -30,6 +30,10 @@ class WorkerError(RuntimeError):
     def __reduce__(self) -> tuple[type, tuple[object, ...]]:
         return (type(self), (self.rank, self.method, self.cause_text, self.remote_traceback, self.cause))
 
+    def rank_label(self) -> str:
+        """``"rank R failed in METHOD"``: where it happened, without the cause's text."""
+        return f"rank {self.rank} {self.headline} {self.method}"
+
 
 class WorkerDiedError(WorkerError):
     """The worker's process died (killed, out of memory, crashed) while or before running a call."""

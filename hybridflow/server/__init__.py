@@ -7,11 +7,28 @@ Endpoints: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``, the to
 ``/generate``, ``/update_weights_from_disk``, ``/health`` and ``/metrics``. Concurrent requests
 share forward passes through the continuous batcher
 (:mod:`hybridflow.workers.rollout.continuous`). See docs/server.md.
+
+Names are imported on first use: the HTTP layer needs the ``serve`` extra (FastAPI, uvicorn),
+and ``hybridflow serve`` must be able to say so instead of failing on import.
 """
 
-from hybridflow.server.app import ServerState, build_app
-from hybridflow.server.engine import GenerationEngine
-from hybridflow.server.text import TextCodec
-from hybridflow.server.weights import load_weights_from_folder
+from __future__ import annotations
 
-__all__ = ["GenerationEngine", "ServerState", "TextCodec", "build_app", "load_weights_from_folder"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "GenerationEngine": "hybridflow.server.engine",
+    "ServerState": "hybridflow.server.app",
+    "build_app": "hybridflow.server.app",
+    "TextCodec": "hybridflow.server.text",
+    "load_weights_from_folder": "hybridflow.server.weights",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'hybridflow.server' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -8,7 +8,14 @@ through a queue and await a ``concurrent.futures.Future``::
 
 Weight updates go through the same queue. The thread stops admitting new requests, lets the
 running ones finish on the old weights, swaps the weights, then admits what queued meanwhile:
-no response ever mixes two weight versions.
+no response ever mixes two weight versions. Cancellations (a client that went away) also go
+through the queue, so only the engine thread ever touches the batcher.
+
+Failures are kept as small as they can be: a request that fails alone (see
+:class:`~hybridflow.workers.rollout.continuous.ContinuousBatcher`) gets its exception and the
+batch goes on; a failed forward fails the requests in that forward; anything else that goes
+wrong in the loop fails what is in flight and the loop carries on. The thread never dies
+while the server runs, so no future is left unanswered.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hybridflow.server.weights import load_weights_from_folder
+from hybridflow.server.weights import WeightsRejected, load_weights_from_folder
 from hybridflow.workers.rollout.continuous import ContinuousBatcher, GenRequest
 from hybridflow.workers.rollout.torch_rollout import build_decoder
 
@@ -45,6 +52,28 @@ class _Generate:
 class _UpdateWeights:
     path: str
     future: Future
+    given: str | None = None  # the path as the client wrote it, for error messages
+
+
+@dataclass
+class _Cancel:
+    future: Future
+
+
+class GenerationFailed(RuntimeError):
+    """The forward pass of a batch failed; every request in it gets this error."""
+
+
+class RequestRefused(ValueError):
+    """The batcher cannot take the request as it is (e.g. ``n`` above its row limit)."""
+
+
+class ShuttingDown(RuntimeError):
+    """The engine stopped before the request was answered."""
+
+
+class RequestCancelled(RuntimeError):
+    """The request was cancelled (its client disconnected) before it finished."""
 
 
 class GenerationEngine:
@@ -80,8 +109,9 @@ class GenerationEngine:
         self.batch_window_s = batch_window_s
         self.weight_version = 0
         self.started_at = time.time()
-        self._inbox: queue.Queue[_Generate | _UpdateWeights] = queue.Queue()
-        self._futures: dict[int, Future] = {}
+        self._inbox: queue.Queue[_Generate | _UpdateWeights | _Cancel] = queue.Queue()
+        self._futures: dict[int, Future] = {}  # batcher handle → its future
+        self._handles: dict[Future, int] = {}  # the reverse, for cancellation
         self._updates: deque[_UpdateWeights] = deque()
         self._deferred: deque[_Generate] = deque()  # arrived while an update waits for the batch to drain
         self._stats_lock = threading.Lock()
@@ -93,14 +123,16 @@ class GenerationEngine:
         self._thread.start()
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
-        """Stop the thread; requests still queued or running fail with ``RuntimeError``."""
+        """Stop the thread; requests still queued or running fail with :class:`ShuttingDown`."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         waiting = [item.future for item in self._deferred] + [item.future for item in self._updates]
         while not self._inbox.empty():
-            waiting.append(self._inbox.get_nowait().future)
-        self._fail(list(self._futures.values()) + waiting, RuntimeError("the server is shutting down"))
+            item = self._inbox.get_nowait()
+            if not isinstance(item, _Cancel):
+                waiting.append(item.future)
+        self._fail(list(self._futures.values()) + waiting, ShuttingDown("the server is shutting down"))
 
     def submit(self, request: GenRequest) -> Future:
         """Queue a request; the future resolves to its ``n`` :class:`SampleOutput` s."""
@@ -108,10 +140,30 @@ class GenerationEngine:
         self._inbox.put(_Generate(request, future))
         return future
 
-    def update_weights_from_disk(self, path: str | os.PathLike) -> Future:
-        """Queue a weight reload from an HF folder; the future resolves to the tensors copied."""
+    def cancel(self, future: Future) -> None:
+        """Stop generating for ``future`` (a request from :meth:`submit`); no-op once it is done.
+
+        A request still queued is dropped before it starts; a running one leaves the batch at
+        the next step. The future fails with :class:`RequestCancelled`.
+        """
+        if future.done() or future.cancel():
+            return
+        self._inbox.put(_Cancel(future))
+
+    @property
+    def alive(self) -> bool:
+        """The engine thread is running (False before :meth:`start` and after :meth:`shutdown`)."""
+        return self._thread.is_alive() and not self._stop.is_set()
+
+    def update_weights_from_disk(self, path: str | os.PathLike, given: str | None = None) -> Future:
+        """Queue a weight reload from an HF folder; the future resolves to the tensors copied.
+
+        ``path`` must already be checked against the server's weights root (see
+        :func:`~hybridflow.server.weights.folder_under_root`); ``given`` is what the client
+        sent, used in error messages instead of the resolved path.
+        """
         future: Future = Future()
-        self._inbox.put(_UpdateWeights(os.fspath(path), future))
+        self._inbox.put(_UpdateWeights(os.fspath(path), future, given))
         return future
 
     def metrics(self) -> dict[str, Any]:
@@ -121,6 +173,7 @@ class GenerationEngine:
             running, waiting = self.batcher.num_running, self.batcher.num_waiting
         return {
             **stats,
+            "engine_alive": self.alive,
             "running_requests": running,
             "waiting_requests": waiting + self._inbox.qsize() + len(self._deferred),
             "weight_version": self.weight_version,
@@ -130,11 +183,15 @@ class GenerationEngine:
     # ---- the engine thread ---------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
-            if self._updates and self.batcher.idle:
-                self._apply_updates()
-            self._collect(block=self.batcher.idle and not self._deferred)
-            if not self.batcher.idle:
-                self._step()
+            try:
+                if self._updates and self.batcher.idle:
+                    self._apply_updates()
+                self._collect(block=self.batcher.idle and not self._deferred)
+                if not self.batcher.idle:
+                    self._step()
+            except Exception as err:  # noqa: BLE001 - the loop must outlive any bug it meets
+                logger.exception("engine loop failed; failing the %d requests in flight", len(self._futures))
+                self._abort_running(GenerationFailed(f"generation failed ({type(err).__name__})"))
 
     def _collect(self, block: bool) -> None:
         """Move everything in the inbox to the batcher (or to the update queue)."""
@@ -156,7 +213,9 @@ class GenerationEngine:
             except queue.Empty:
                 break
         for item in items:
-            if isinstance(item, _UpdateWeights):
+            if isinstance(item, _Cancel):
+                self._cancel(item.future)
+            elif isinstance(item, _UpdateWeights):
                 self._updates.append(item)
             elif self._updates:
                 self._deferred.append(item)
@@ -170,25 +229,51 @@ class GenerationEngine:
             with self._stats_lock:
                 handle = self.batcher.submit(item.request)
         except ValueError as err:
+            item.future.set_exception(RequestRefused(str(err)))
+            return
+        except Exception as err:  # noqa: BLE001 - broken, not refused: still answer it
             item.future.set_exception(err)
             return
         self._futures[handle] = item.future
+        self._handles[item.future] = handle
+
+    def _cancel(self, future: Future) -> None:
+        handle = self._handles.pop(future, None)
+        if handle is not None:
+            self._futures.pop(handle, None)
+            with self._stats_lock:
+                self.batcher.cancel(handle)
+        else:  # still held back behind a weight update
+            self._deferred = deque(item for item in self._deferred if item.future is not future)
+        self._fail([future], RequestCancelled("the request was cancelled"))
 
     def _step(self) -> None:
         try:
             with self._stats_lock:
                 finished = self.batcher.step()
-        except Exception as err:  # a failed forward must not take the server down
+        except Exception as err:  # noqa: BLE001 - a failed forward must not take the server down
             logger.exception("generation step failed; failing the %d requests in flight", len(self._futures))
-            with self._stats_lock:
-                handles = self.batcher.abort_running()
-            futures = [self._futures.pop(h) for h in handles if h in self._futures]
-            self._fail(futures, RuntimeError(f"generation failed: {err}"))
+            self._abort_running(GenerationFailed(f"generation failed: {err}"))
             return
-        for handle, outputs in finished:
+        for handle, result in finished:
             future = self._futures.pop(handle)
-            if not future.done():
-                future.set_result(outputs)
+            self._handles.pop(future, None)
+            if future.done():
+                continue
+            if isinstance(result, Exception):
+                logger.error("request %d failed alone: %s: %s", handle, type(result).__name__, result,
+                             exc_info=result)
+                future.set_exception(result)
+            else:
+                future.set_result(result)
+
+    def _abort_running(self, err: Exception) -> None:
+        with self._stats_lock:
+            handles = self.batcher.abort_running()
+        futures = [self._futures.pop(h) for h in handles if h in self._futures]
+        for future in futures:
+            self._handles.pop(future, None)
+        self._fail(futures, err)
 
     def _apply_updates(self) -> None:
         while self._updates:
@@ -196,8 +281,10 @@ class GenerationEngine:
             if not update.future.set_running_or_notify_cancel():
                 continue
             try:
-                copied = load_weights_from_folder(self.model, update.path)
-            except Exception as err:  # a bad folder (ValueError) or a failed copy must not kill the thread
+                copied = load_weights_from_folder(self.model, update.path, update.given)
+            except Exception as err:  # noqa: BLE001 - a bad folder (WeightsRejected) or a failed copy
+                if not isinstance(err, WeightsRejected):
+                    logger.exception("weight update from %s failed", update.path)
                 update.future.set_exception(err)
                 continue
             self.decoder.invalidate_weights()

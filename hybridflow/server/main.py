@@ -2,10 +2,13 @@
 
     hybridflow serve --model tiny-llama --port 8000
     hybridflow serve --model smollm2-135m-instruct --dtype bf16 --host 127.0.0.1 --port 8000
+    HYBRIDFLOW_API_KEY=secret hybridflow serve --model PATH --host 0.0.0.0 --allowed-hosts gpu7.lan
 
 ``--model`` is an HF folder or a known name (``tiny-llama``, ``smollm2-135m-instruct``).
-The server listens on 127.0.0.1 unless ``--host`` says otherwise; it has no authentication,
-so expose it only on networks you trust.
+The server listens on 127.0.0.1 unless ``--host`` says otherwise and answers only requests
+whose Host header names the address it listens on (``--allowed-hosts`` widens that). With
+``--api-key`` (or ``HYBRIDFLOW_API_KEY``) every request needs ``Authorization: Bearer KEY``.
+``/update_weights_from_disk`` is off unless ``--weights-root DIR`` names the folder it may read.
 """
 
 from __future__ import annotations
@@ -13,50 +16,141 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from hybridflow.models import ModelLoadError, load_model_and_tokenizer, parse_dtype
-from hybridflow.server.app import ServerState, build_app
-from hybridflow.server.engine import GenerationEngine
-from hybridflow.server.text import TextCodec
-from hybridflow.utils.precision import resolve_compute_dtype
-from hybridflow.workers.rollout.torch_rollout import DECODERS
 from hybridflow.utils.allocator import keep_freed_memory
+
+if TYPE_CHECKING:
+    from hybridflow.server.app import ServerState
+
+API_KEY_ENV = "HYBRIDFLOW_API_KEY"
+SERVE_EXTRA = ("fastapi", "uvicorn", "jinja2")
+INSTALL_SERVE = 'pip install "torch==2.13.0" -e ".[serve]"   (in the hybridflow checkout)'
+# oneDNN keeps a compiled kernel per matmul shape in two caches of 1024 entries each (its own
+# primitive cache and PyTorch's ideep cache, LRU_CACHE_CAPACITY), 0.6-3 MiB per entry. The
+# continuous batcher makes a new shape at almost every join (rows × prompt width), so with
+# the default sizes a server's memory grows by hundreds of MiB before the caches are full.
+# A shape used once is not worth keeping; the decode shapes (one per batch size) are.
+DEFAULT_KERNEL_CACHE = 128
+_KERNEL_CACHE_ENV = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (1-65535)")
+    return port
+
+
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {number}")
+    return number
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from hybridflow.workers.rollout.torch_rollout import DECODERS
+
     parser = argparse.ArgumentParser(
         prog="hybridflow serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", required=True,
                         help="HF model folder or known name (tiny-llama, smollm2-135m-instruct)")
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    parser.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
                         help="weights and compute dtype; auto (default) = bf16 where the hardware has a native "
                         "bf16 matmul, else fp32")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto = cuda if available")
     parser.add_argument("--served-model-name", default=None, help="the `model` name clients send (default: --model)")
     parser.add_argument("--decoder", default="auto", choices=list(DECODERS), help="sampler forward: lean, hf or auto")
-    parser.add_argument("--max-batch-rows", type=int, default=64, help="most sequences decoded in one forward")
+    parser.add_argument("--max-batch-rows", type=_positive, default=64, help="most sequences decoded in one forward")
     parser.add_argument("--batch-window-ms", type=float, default=0.0,
                         help="an idle server waits this long after a request for more to start together (default 0)")
-    parser.add_argument("--default-max-tokens", type=int, default=512,
+    parser.add_argument("--default-max-tokens", type=_positive, default=512,
                         help="reply limit when a request gives none (capped by the context)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampler for requests without a seed")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--trust-remote-code", action="store_true", help="allow custom model code in the folder")
+    security = parser.add_argument_group("access")
+    security.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                          help=f"require 'Authorization: Bearer KEY' on every request (default: ${API_KEY_ENV})")
+    security.add_argument("--allowed-hosts", default=None,
+                          help="comma-separated Host header names to answer, * = any (default: the --host address; "
+                          "for 127.0.0.1 also localhost)")
+    security.add_argument("--weights-root", default=None,
+                          help="folder whose subfolders /update_weights_from_disk may load (default: the route is off)")
+    limits = parser.add_argument_group("per-request limits")
+    limits.add_argument("--max-n", type=_positive, default=16, help="responses per prompt (default 16)")
+    limits.add_argument("--max-prompts", type=_positive, default=64, help="prompts in one request (default 64)")
+    limits.add_argument("--max-stop", type=_positive, default=16,
+                        help="stop strings or stop token ids in one request (default 16)")
+    limits.add_argument("--max-stop-chars", type=_positive, default=256,
+                        help="characters of a stop string (default 256)")
+    limits.add_argument("--max-prompt-tokens", type=_positive, default=None,
+                        help="tokens of one prompt (default: the model's context)")
+    limits.add_argument("--max-body-mb", type=float, default=8.0, help="size of a request body in MiB (default 8)")
+    runtime = parser.add_argument_group("runtime")
+    runtime.add_argument("--shutdown-timeout-s", type=float, default=5.0,
+                         help="on SIGTERM, wait this long for running requests before failing them (default 5)")
+    runtime.add_argument("--kernel-cache", type=_positive, default=DEFAULT_KERNEL_CACHE,
+                         help=f"oneDNN kernels kept per cache (default {DEFAULT_KERNEL_CACHE}; an environment "
+                         f"{_KERNEL_CACHE_ENV[0]} / {_KERNEL_CACHE_ENV[1]} wins)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    for name in ("max_batch_rows", "default_max_tokens"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.batch_window_ms < 0:
         parser.error("--batch-window-ms must be >= 0")
+    if args.max_n > args.max_batch_rows:
+        args.max_n = args.max_batch_rows  # a request's n rows must fit one forward
+    if not args.max_body_mb > 0:
+        parser.error("--max-body-mb must be > 0")
+    if args.shutdown_timeout_s < 0:
+        parser.error("--shutdown-timeout-s must be >= 0")
+    if args.weights_root is not None and not Path(args.weights_root).expanduser().is_dir():
+        parser.error(f"--weights-root {args.weights_root!r} is not a folder")
     return args
+
+
+def missing_serve_extra() -> str | None:
+    """Why the ``serve`` extra is unusable (the first import that fails), or ``None``."""
+    for name in SERVE_EXTRA:
+        try:
+            __import__(name)
+        except ImportError as err:
+            return f"{name} ({err})"
+    return None
+
+
+def check_can_listen(host: str, port: int) -> None:
+    """Bind and release ``host:port`` now, so that a taken port or an unknown host is an error
+    before the model loads rather than after."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        raise OSError(f"cannot resolve --host {host!r}: {err.strerror}") from err
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            sock.bind(address)
+        except OSError as err:
+            raise OSError(f"cannot listen on {host}:{port}: {err.strerror}") from err
+
+
+def _limit_kernel_caches(size: int) -> None:
+    # Read by oneDNN when it first builds a kernel, so this must run before the model loads.
+    for name in _KERNEL_CACHE_ENV:
+        os.environ.setdefault(name, str(size))
 
 
 def _eos_ids(tokenizer, model) -> tuple[int, ...]:
@@ -70,6 +164,20 @@ def _eos_ids(tokenizer, model) -> tuple[int, ...]:
 
 def build_state(args: argparse.Namespace) -> ServerState:
     """Load the model and tokenizer and wire the engine (not started yet)."""
+    import torch
+
+    from hybridflow.models import load_model_and_tokenizer, parse_dtype
+    from hybridflow.server.app import ServerState
+    from hybridflow.server.checks import ServerLimits
+    from hybridflow.server.engine import GenerationEngine
+    from hybridflow.server.security import parse_allowed_hosts
+    from hybridflow.server.text import TextCodec
+    from hybridflow.utils.precision import resolve_compute_dtype
+
+    allowed_hosts = parse_allowed_hosts(args.allowed_hosts, args.host)
+    limits = ServerLimits(max_n=args.max_n, max_prompts=args.max_prompts, max_stop=args.max_stop,
+                          max_stop_chars=args.max_stop_chars, max_prompt_tokens=args.max_prompt_tokens,
+                          max_body_bytes=int(args.max_body_mb * 1024 * 1024))
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -94,23 +202,43 @@ def build_state(args: argparse.Namespace) -> ServerState:
         eos_token_ids=_eos_ids(tokenizer, model),
         default_max_tokens=args.default_max_tokens,
         created=int(time.time()),
+        limits=limits,
+        weights_root=Path(args.weights_root).expanduser().resolve() if args.weights_root else None,
+        allowed_hosts=allowed_hosts,
+        api_key=args.api_key,
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    missing = missing_serve_extra()
+    if missing is not None:
+        print(f"hybridflow serve: error: the 'serve' extra is not installed: no {missing}.\n"
+              f"Install it with: {INSTALL_SERVE}", file=sys.stderr)
+        return 2
+    try:
+        check_can_listen(args.host, args.port)
+    except OSError as err:
+        print(f"hybridflow serve: error: {err}", file=sys.stderr)
+        return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     keep_freed_memory()
+    _limit_kernel_caches(args.kernel_cache)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    import uvicorn  # only the serve command needs the ASGI server
+    import uvicorn
+
+    from hybridflow.models import ModelLoadError
+    from hybridflow.server.app import build_app
 
     try:
         state = build_state(args)
     except (ModelLoadError, FileNotFoundError, ValueError) as err:
         print(f"hybridflow serve: error: {err}", file=sys.stderr)
         return 2
-    print(f"hybridflow serve: model {state.model_name!r} at http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=args.log_level)
+    print(f"hybridflow serve: model {state.model_name!r} at http://{args.host}:{args.port}/v1"
+          + (" (API key required)" if args.api_key else ""), flush=True)
+    uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=args.shutdown_timeout_s)
     return 0
 
 

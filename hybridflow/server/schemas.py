@@ -6,38 +6,64 @@ Field names and defaults are OpenAI's (``max_tokens`` 16 for completions, ``n`` 
 are accepted only at their neutral value (``presence_penalty=0``, ``stream=false``, ...), so
 a client never silently gets something other than what it asked for. Unknown fields and
 wrong types (``"max_tokens": "ten"``, ``"n": true``) are rejected.
+
+Sampling values are held to ranges the float32 sampler survives. The sampler divides float32
+logits by the temperature and compares float32 probability mass with ``top_p``; a Python float
+such as ``1e-300`` becomes 0 in float32, and then every probability is NaN. So: ``temperature``
+is 0 (greedy) or in [:data:`MIN_TEMPERATURE`, :data:`MAX_TEMPERATURE`], ``top_p`` in
+[:data:`MIN_TOP_P`, 1], no NaN or infinity anywhere (Python's JSON reader accepts ``NaN``),
+and ``seed`` is a signed 64-bit integer, as in OpenAI's API.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_TOP_LOGPROBS = 20
+# Below 1e-3 sampling is greedy for every logit gap above ~0.02 anyway, and logits / T stays
+# many orders of magnitude inside float32's range for any real model's logits; above 100 the
+# distribution of any real model is uniform noise.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0
+# float32 resolves probability mass to ~1e-7; a smaller top_p means "the top token" all the same.
+MIN_TOP_P = 1e-6
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+TOP_K_MAX = 2**31 - 1
+
+
+def _check_temperature(value: float) -> float:
+    if 0 < value < MIN_TEMPERATURE:
+        raise ValueError(
+            f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}: smaller values underflow the "
+            "float32 sampler; send 0 for greedy decoding"
+        )
+    return value
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class OpenAISampling(_Body):
     """Sampling fields shared by the two OpenAI endpoints."""
 
     model: str
-    temperature: float = Field(1.0, ge=0, description="0 = greedy")
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(-1, ge=-1, description="extension; -1 or 0 = off")
+    temperature: float = Field(1.0, ge=0, le=MAX_TEMPERATURE, description="0 = greedy")
+    top_p: float = Field(1.0, ge=MIN_TOP_P, le=1)
+    top_k: int = Field(-1, ge=-1, le=TOP_K_MAX, description="extension; -1 or 0 = off")
     n: int = Field(1, ge=1)
     max_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     ignore_eos: bool = Field(False, description="extension: keep generating past the end-of-sequence token")
     stream: bool = False
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+
+    _temperature_range = field_validator("temperature")(_check_temperature)
 
     @model_validator(mode="after")
     def _neutral_unsupported(self) -> OpenAISampling:
@@ -83,10 +109,21 @@ class CompletionRequest(OpenAISampling):
 class ChatMessage(BaseModel):
     """One chat message; extra keys (``tool_calls``, ``name``, ...) are handed to the chat template."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
     role: str = Field(min_length=1)
     content: str | list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _content_present(self) -> ChatMessage:
+        # OpenAI's rule: only an assistant turn that calls tools may leave its text out. A chat
+        # template reading ``message.content`` of any other null message fails deep inside jinja.
+        if self.content is None and not (self.role == "assistant" and getattr(self, "tool_calls", None)):
+            raise ValueError(
+                f"content is missing or null in a {self.role!r} message; only an assistant message with "
+                "tool_calls may leave it out"
+            )
+        return self
 
     def template_dict(self) -> dict[str, Any]:
         """The message as the chat template expects it: text parts joined into one string."""
@@ -127,13 +164,15 @@ class GenerateSamplingParams(_Body):
     """``sampling_params`` of ``POST /generate`` (the sampler's own names)."""
 
     max_new_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(-1, ge=-1)
+    temperature: float = Field(1.0, ge=0, le=MAX_TEMPERATURE)
+    top_p: float = Field(1.0, ge=MIN_TOP_P, le=1)
+    top_k: int = Field(-1, ge=-1, le=TOP_K_MAX)
     n: int = Field(1, ge=1)
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+
+    _temperature_range = field_validator("temperature")(_check_temperature)
 
 
 class GenerateRequest(_Body):

@@ -8,11 +8,12 @@ goes through one lock.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Sequence
 from typing import Any
 
-from jinja2 import TemplateError
+from jinja2 import TemplateError, UndefinedError
 
 from hybridflow.workers.rollout.continuous import StopCheck
 
@@ -40,6 +41,10 @@ class TextCodec:
 
         Same steps as the RL dataset (render to text, then encode without adding specials),
         so a prompt served here tokenizes exactly as it does in training.
+
+        Raises ``ValueError`` worded for the client when the template cannot render the
+        messages: its own ``raise_exception`` text (written for users), the field it missed,
+        or that it failed on their shape — never jinja's internal wording.
         """
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("this model's tokenizer has no chat template; use /v1/completions instead")
@@ -48,8 +53,14 @@ class TextCodec:
                 text = self.tokenizer.apply_chat_template(
                     messages, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
                 )
+            except UndefinedError as err:  # e.g. "'dict object' has no attribute 'content'"
+                raise ValueError(f"the chat template needs {_missing_name(err)}, which these messages do not "
+                                 "give") from err
             except TemplateError as err:  # e.g. the template's raise_exception("roles must alternate")
                 raise ValueError(str(err)) from err
+            except (TypeError, KeyError, AttributeError, IndexError) as err:  # a value of a shape it does not expect
+                raise ValueError("the chat template cannot render these messages (a field has a type or shape "
+                                 "it does not expect)") from err
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -72,6 +83,11 @@ class TextCodec:
             return any(stop in text for stop in stops)
 
         return check
+
+
+def _missing_name(err: UndefinedError) -> str:
+    match = re.search(r"has no attribute '([^']+)'|'([^']+)' is undefined", str(err))
+    return f"the field {next(g for g in match.groups() if g)!r}" if match else "a field"
 
 
 def truncate_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:

@@ -1,9 +1,15 @@
 """Reloading a served model's weights from a Hugging Face folder (``/update_weights_from_disk``).
 
 The folder's ``*.safetensors`` files are checked in full before anything is copied — every
-name must be a tensor of the model with the same shape, and every parameter of the model must
-be covered (a tied LM head is covered by the embedding it shares storage with) — so a bad
-folder leaves the served weights untouched.
+name must be a tensor of the model with the same shape, every parameter of the model must be
+covered (a tied LM head is covered by the embedding it shares storage with), and every value
+must be finite once cast to the served dtype (a NaN or inf weight makes every later answer
+garbage) — so a bad folder leaves the served weights untouched.
+
+The server only reads folders inside the root it was started with (``--weights-root``):
+:func:`folder_under_root` resolves a request's path (symlinks included) and refuses anything
+outside, with one message for every path-related failure, so a client cannot probe which
+paths exist on the server.
 """
 
 from __future__ import annotations
@@ -11,18 +17,48 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from hybridflow.workers.rollout.weight_sync import load_named_tensors
 
 
-def _safetensors_files(folder: Path) -> list[Path]:
-    if not folder.is_dir():
-        raise ValueError(f"model_path {str(folder)!r} is not a folder")
-    files = sorted(folder.glob("*.safetensors"))
+class WeightsRejected(ValueError):
+    """The folder cannot replace the served weights; the message is safe to show a client."""
+
+
+def not_a_model_folder(given: str) -> WeightsRejected:
+    """The one answer to every path problem: missing, outside the root, not a folder, no weights."""
+    return WeightsRejected(
+        f"model_path {given!r} is not a folder of *.safetensors weights inside the server's weights root"
+    )
+
+
+def folder_under_root(root: str | os.PathLike, given: str) -> Path:
+    """``given`` (relative to ``root``, or absolute) resolved; raises unless it lies inside ``root``.
+
+    Resolution follows symlinks, so a link inside the root that points outside is refused too.
+    Existence is not checked here: :func:`load_weights_from_folder` answers a missing folder
+    with the same message.
+    """
+    base = Path(root).resolve()
+    try:
+        path = (base / Path(given).expanduser()).resolve()
+    except (OSError, RuntimeError, ValueError) as err:  # symlink loops, NUL bytes
+        raise not_a_model_folder(given) from err
+    if not path.is_relative_to(base):
+        raise not_a_model_folder(given)
+    return path
+
+
+def _safetensors_files(folder: Path, given: str) -> list[Path]:
+    try:
+        files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    except OSError as err:  # unreadable folder
+        raise not_a_model_folder(given) from err
     if not files:
-        raise ValueError(f"model_path {str(folder)!r} holds no *.safetensors files")
+        raise not_a_model_folder(given)
     return files
 
 
@@ -34,12 +70,13 @@ def _shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
                 for name in fh.keys():  # noqa: SIM118 - safe_open objects are not iterable
                     shapes[name] = tuple(fh.get_slice(name).get_shape())
         except (SafetensorError, OSError) as err:
-            raise ValueError(f"{file}: not a readable safetensors file: {err}") from err
+            raise WeightsRejected(f"{file.name}: not a readable safetensors file") from err
     return shapes
 
 
 def check_folder_matches(model: nn.Module, shapes: dict[str, tuple[int, ...]]) -> None:
-    """Raise ``ValueError`` naming the first problems when ``shapes`` cannot replace ``model``'s weights."""
+    """Raise :class:`WeightsRejected` naming the first problems when ``shapes`` cannot replace
+    ``model``'s weights."""
     targets = model.state_dict(keep_vars=True)
     unknown = [name for name in shapes if name not in targets]
     wrong = [
@@ -57,17 +94,42 @@ def check_folder_matches(model: nn.Module, shapes: dict[str, tuple[int, ...]]) -
     if missing:
         problems.append(f"model tensors missing from the folder: {missing[:5]}")
     if problems:
-        raise ValueError("the folder does not match the served model: " + "; ".join(problems))
+        raise WeightsRejected("the folder does not match the served model: " + "; ".join(problems))
 
 
-def load_weights_from_folder(model: nn.Module, folder: str | os.PathLike) -> int:
+def check_finite(model: nn.Module, files: list[Path]) -> None:
+    """Raise :class:`WeightsRejected` naming the tensors that hold NaN or inf in the served dtype.
+
+    Read one tensor at a time (safetensors maps the file), cast as the copy will cast it: a
+    finite fp32 value can still overflow a half-precision model.
+    """
+    targets = model.state_dict(keep_vars=True)
+    bad: list[str] = []
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as fh:
+                for name in fh.keys():  # noqa: SIM118
+                    tensor = fh.get_tensor(name)
+                    if tensor.is_floating_point() and not bool(torch.isfinite(tensor.to(targets[name].dtype)).all()):
+                        bad.append(name)
+        except (SafetensorError, OSError) as err:
+            raise WeightsRejected(f"{file.name}: not a readable safetensors file") from err
+    if bad:
+        raise WeightsRejected(f"the folder's weights are not finite (NaN or inf) in {len(bad)} tensors: {bad[:5]}")
+
+
+def load_weights_from_folder(model: nn.Module, folder: str | os.PathLike, given: str | None = None) -> int:
     """Copy every tensor of ``folder``'s safetensors into ``model`` (cast to its dtype).
 
-    Returns the number of tensors copied. Raises ``ValueError`` (before copying anything) when
-    the folder is missing, unreadable, or does not match the model.
+    Returns the number of tensors copied. Raises :class:`WeightsRejected` (before copying
+    anything) when the folder is missing, unreadable, does not match the model, or holds
+    non-finite values. ``given`` is the path as the client wrote it, for error messages
+    (default: ``folder``).
     """
-    files = _safetensors_files(Path(folder).expanduser())
+    given = os.fspath(folder) if given is None else given
+    files = _safetensors_files(Path(folder), given)
     check_folder_matches(model, _shapes(files))
+    check_finite(model, files)
     copied = 0
     device = next(model.parameters()).device
     for file in files:
@@ -75,4 +137,3 @@ def load_weights_from_folder(model: nn.Module, folder: str | os.PathLike) -> int
             pairs = ((name, fh.get_tensor(name)) for name in fh.keys())  # noqa: SIM118
             copied += load_named_tensors(model, pairs)
     return copied
-

@@ -33,12 +33,27 @@ def run_main(prog: str, body: Callable[[], int | None]) -> int:
     """``body()``'s exit code; an input error (or a missing file) is printed and gives 2."""
     try:
         return int(body() or 0)
-    except (InputError, FileNotFoundError) as exc:
-        if debug_enabled():
+    except Exception as exc:
+        cause = input_cause(exc)
+        if cause is None or debug_enabled():
             raise
-        print(f"{prog}: {one_paragraph(exc)}", file=sys.stderr)
+        where = f"{exc.rank_label()}: " if cause is not exc and hasattr(exc, "rank_label") else ""
+        print(f"{prog}: {where}{one_paragraph(cause)}", file=sys.stderr)
         print(f"(set {DEBUG_ENV[0]}=1 for the traceback)", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def input_cause(exc: BaseException) -> BaseException | None:
+    """The input error behind ``exc``: itself, or the one a worker raised and a worker-group
+    error carried back (``exc.cause``, e.g. a model whose weights give NaN logits)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, (InputError, FileNotFoundError)):
+            return current
+        seen.add(id(current))
+        current = getattr(current, "cause", None)
+    return None
 
 
 def one_paragraph(exc: BaseException) -> str:

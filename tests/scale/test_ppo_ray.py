@@ -33,6 +33,7 @@ def _overrides(task_dir: Path, run_dir: Path, model_dir: Path) -> list[str]:
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.actor.optim.lr=1e-3",
         "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",  # keeps rollout_log_probs: the mismatch metric
         "algorithm.adv_estimator=grpo",
         f"custom_reward_function.path={Path(__file__).parent / 'length_reward.py'}",
         "trainer.backend=ray",

@@ -13,7 +13,7 @@ import torch
 from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer
 from hybridflow.workers.rollout.continuous import ContinuousBatcher, GenRequest
 from hybridflow.workers.rollout.generation import generate
-from hybridflow.workers.rollout.sampling import SamplingParams
+from hybridflow.workers.rollout.sampling import NonFiniteLogitsError, SamplingParams
 from hybridflow.workers.rollout.torch_rollout import build_decoder
 
 PAD, VOCAB = 0, 32
@@ -202,6 +202,68 @@ def test_bad_requests_are_refused():
         GenRequest((1,), greedy(2), top_logprobs=-1)
     with pytest.raises(ValueError, match="max_rows must be >= 1"):
         ContinuousBatcher(ChainDecoder(), PAD, max_rows=0)
+    with pytest.raises(ValueError, match=r"seed must be in \[-2\*\*63, 2\*\*64 - 1\]"):
+        GenRequest((1,), greedy(2), seed=2**64)
+
+
+# ---- one request's failure is its own ----------------------------------------------------------
+
+POISON = 31  # chain() never produces it, so only a prompt can end with it
+
+
+class PoisonDecoder(ChainDecoder):
+    """Like ChainDecoder, but a row whose last token is POISON gets NaN logits (a broken row)."""
+
+    def _logits(self) -> torch.Tensor:
+        logits = super()._logits()
+        logits[self.state[:, 0] == POISON] = float("nan")
+        return logits
+
+
+@pytest.mark.parametrize("params", [greedy(4), SamplingParams(max_new_tokens=4, temperature=1.0)],
+                         ids=["greedy", "sampled"])
+def test_non_finite_logits_fail_only_the_request_they_belong_to(params):
+    # Same settings and the batcher's shared generator: the three rows are sampled as one group.
+    batcher = ContinuousBatcher(PoisonDecoder(), PAD, generator=torch.Generator().manual_seed(0))
+    before, broken, after = run_all(batcher, {0: [GenRequest((5,), params), GenRequest((POISON,), params),
+                                                  GenRequest((6, 7), params)]}).values()
+    assert isinstance(broken, NonFiniteLogitsError)
+    assert "non-finite logits" in str(broken) and "the model is broken" in str(broken)
+    assert [len(before[0].token_ids), len(after[0].token_ids)] == [4, 4]
+    if params.greedy:
+        assert before[0].token_ids == expected([5], 4) and after[0].token_ids == expected([6, 7], 4)
+    assert batcher.stats.requests_failed == 1 and batcher.stats.requests_finished == 2 and batcher.idle
+
+
+def test_a_stop_check_that_raises_fails_only_its_request():
+    def explode(ids):
+        raise RuntimeError("boom")
+
+    batcher = ContinuousBatcher(ChainDecoder(), PAD)
+    failed, fine = run_all(batcher, {0: [GenRequest((4,), greedy(5, n=2), stop_check=explode),
+                                         GenRequest((5,), greedy(5))]}).values()
+    assert isinstance(failed, RuntimeError) and str(failed) == "boom"
+    assert fine[0].token_ids == expected([5], 5)
+    assert batcher.stats.requests_failed == 1
+
+
+def test_cancel_drops_waiting_and_running_requests():
+    decoder = ChainDecoder()
+    batcher = ContinuousBatcher(decoder, PAD)
+    running = batcher.submit(GenRequest((4,), greedy(20)))
+    kept = batcher.submit(GenRequest((5,), greedy(6)))
+    batcher.step()
+    batcher.step()
+    waiting = batcher.submit(GenRequest((6,), greedy(3)))
+    assert batcher.cancel(waiting) and batcher.cancel(running)
+    assert not batcher.cancel(running) and not batcher.cancel(999)
+    results = {}
+    for _ in range(10):
+        results.update(dict(batcher.step()))
+    assert list(results) == [kept] and results[kept][0].token_ids == expected([5], 6)
+    # the cancelled row was never sampled again and left the cache at the next step
+    assert decoder.selects == [[1]] and batcher.stats.tokens_generated == 2 * 2 + 4
+    assert batcher.stats.requests_cancelled == 2 and batcher.idle
 
 
 # ---- the tiny Llama ------------------------------------------------------------------------------

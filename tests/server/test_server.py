@@ -8,6 +8,7 @@ sampler (:class:`TorchRollout`) run in this process on the same model folder.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import threading
 
 import openai
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key=server.api_key, max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -184,12 +185,12 @@ def test_bad_bodies_on_the_other_endpoints(server):
     assert status == 200 and body["status"] == "ok"
 
 
-def test_update_weights_from_disk(server, local, tmp_path):
+def test_update_weights_from_disk(server, local):
     model, tokenizer = local
     prompt = chat_ids(tokenizer, "Hi")
     request = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
     original = server.request("POST", "/generate", request)[1]["outputs"][0]["output_ids"]
-    other_dir = save_tiny_model(tmp_path / "seed3", tokenizer, seed=3)
+    other_dir = save_tiny_model(server.weights_root / "seed3", tokenizer, seed=3)
     other, _ = load_model_and_tokenizer(other_dir)
     expected, _ = sampler_greedy(other, tokenizer, prompt, 8)
     assert expected != original  # otherwise the test could not tell the weights apart
@@ -198,9 +199,10 @@ def test_update_weights_from_disk(server, local, tmp_path):
     assert status == 200 and body["success"] is True
     assert server.request("POST", "/generate", request)[1]["outputs"][0]["output_ids"] == expected
 
-    status, body = server.request("POST", "/update_weights_from_disk", {"model_path": str(tmp_path / "missing")})
-    assert status == 400 and "not a folder" in body["error"]["message"]
+    status, body = server.request("POST", "/update_weights_from_disk", {"model_path": "missing"})
+    assert status == 400 and "not a folder of *.safetensors weights inside" in body["error"]["message"]
 
-    status, _ = server.request("POST", "/update_weights_from_disk", {"model_path": str(resolve_model_path(MODEL))})
+    shutil.copytree(resolve_model_path(MODEL), server.weights_root / "original")
+    status, _ = server.request("POST", "/update_weights_from_disk", {"model_path": "original"})
     assert status == 200
     assert server.request("POST", "/generate", request)[1]["outputs"][0]["output_ids"] == original

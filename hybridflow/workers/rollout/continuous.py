@@ -14,6 +14,12 @@ one step at a time::
              rows that hit a stop token / stop check / their max_new_tokens finish
              once ≥ 1/4 of the cache rows are finished, drop them from the cache
 
+A failure that belongs to one request — its seed, its stop check, non-finite logits in its
+rows, a sampling error in its group — fails that request alone: :meth:`step` reports it with
+the exception in place of its outputs and the other requests go on. Only a failed forward
+(shared by every row) raises out of :meth:`step`. :meth:`cancel` drops a request whose client
+went away, waiting or running.
+
 Joining re-runs the prompt-and-response-so-far of the rows already running ("join by
 recompute"): the decoder's KV cache has one shared column per step and no operation that
 splices another cache into it, and a recompute is one batched forward, which on a CPU costs
@@ -36,11 +42,17 @@ import torch
 from hybridflow.workers.rollout.generation import Decoder
 from hybridflow.workers.rollout.sampling import SamplingParams, sample_next, token_log_probs
 
+# What torch.Generator.manual_seed accepts: any int64 or uint64 value.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
 _COMPACT_FRACTION = 4  # drop finished rows once they are ≥ 1/4 of the cache rows
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
+_FINISH_DROPPED = "dropped"  # a row of a failed or cancelled request (never reported to a client)
 
 StopCheck = Callable[[Sequence[int]], bool]
+# What step() reports per request: its n outputs, or the exception that failed it alone.
+Finished = tuple[int, "list[SampleOutput] | Exception"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,8 @@ class GenRequest:
             raise ValueError("prompt_ids is empty; a request needs at least one prompt token")
         if self.top_logprobs < 0:
             raise ValueError(f"top_logprobs must be >= 0, got {self.top_logprobs}")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed must be in [-2**63, 2**64 - 1], got {self.seed}")
 
 
 @dataclass
@@ -92,6 +106,8 @@ class BatcherStats:
     prefills: int = 0
     joins: int = 0  # prefills that re-ran rows already decoding, to let new requests in
     requests_finished: int = 0
+    requests_failed: int = 0  # failed alone (see ContinuousBatcher), not counting aborted batches
+    requests_cancelled: int = 0
     tokens_generated: int = 0
     forward_requests: Counter = field(default_factory=Counter)
     forward_rows: Counter = field(default_factory=Counter)
@@ -102,6 +118,8 @@ class BatcherStats:
             "prefills": self.prefills,
             "joins": self.joins,
             "requests_finished": self.requests_finished,
+            "requests_failed": self.requests_failed,
+            "requests_cancelled": self.requests_cancelled,
             "tokens_generated": self.tokens_generated,
             "max_requests_per_forward": max(self.forward_requests, default=0),
             "max_rows_per_forward": max(self.forward_rows, default=0),
@@ -196,37 +214,79 @@ class ContinuousBatcher:
         self.decoder.release()
         return handles
 
+    def cancel(self, handle: int) -> bool:
+        """Drop a waiting or running request (its client went away); False if it is not here.
+
+        A running request's rows stop being sampled at once and leave the KV cache as soon as
+        the finished rows are a quarter of it (at once, if that is already so); the other rows
+        are untouched.
+        """
+        for index, (waiting, _) in enumerate(self._waiting):
+            if waiting == handle:
+                del self._waiting[index]
+                self.stats.requests_cancelled += 1
+                return True
+        if self._drop(handle) is None:
+            return False
+        self.stats.requests_cancelled += 1
+        self._maybe_compact()
+        return True
+
+    def _drop(self, handle: int) -> list[_Row] | None:
+        """Remove a running request; its live rows become dead cache rows."""
+        rows = self._pending.pop(handle, None)
+        for row in rows or ():
+            if not row.done:
+                row.out.finish_reason = _FINISH_DROPPED
+        return rows
+
+    def _fail(self, handle: int, err: Exception) -> list[Finished]:
+        if self._drop(handle) is None:
+            return []  # already failed through another of its rows
+        self.stats.requests_failed += 1
+        return [(handle, err)]
+
     # ---- one step ----------------------------------------------------------------------------
     @torch.inference_mode()
-    def step(self) -> list[tuple[int, list[SampleOutput]]]:
-        """Admit, run one forward, sample one token per live row; returns finished requests."""
-        admitted = self._admit()
+    def step(self) -> list[Finished]:
+        """Admit, run one forward, sample one token per live row; returns the requests that
+        finished — ``(handle, outputs)`` — or failed alone — ``(handle, exception)``.
+
+        Raises only when the forward itself fails; then every running request is lost (see
+        :meth:`abort_running`).
+        """
+        admitted, finished = self._admit()
         if admitted:
             logits = self._prefill(joined=any(not row.done and row.out.token_ids for row in self._rows))
-        elif self._rows:
+        elif any(not row.done for row in self._rows):
             logits = self._decode()
         else:
-            return []
+            return finished
         self._count_forward()
-        finished = self._sample(logits)
+        finished += self._sample(logits)
         self._maybe_compact()
         return finished
 
-    def _admit(self) -> bool:
+    def _admit(self) -> tuple[bool, list[Finished]]:
         live = [row for row in self._rows if not row.done]
-        admitted = False
+        admitted, failed = False, []
         while self._waiting and len(live) + self._waiting[0][1].params.n <= self.max_rows:
             handle, request = self._waiting.popleft()
             generator = self.generator
             if request.seed is not None:
-                generator = torch.Generator(device=self.device).manual_seed(request.seed)
+                try:
+                    generator = torch.Generator(device=self.device).manual_seed(request.seed)
+                except (RuntimeError, OverflowError) as err:  # GenRequest checks the range; belt and braces
+                    self.stats.requests_failed += 1
+                    failed.append((handle, ValueError(f"seed {request.seed} is not usable: {err}")))
+                    continue
             rows = [_Row(handle, request, generator) for _ in range(request.params.n)]
             self._pending[handle] = rows
             live += rows
             admitted = True
         if admitted:
             self._rows = live
-        return admitted
+        return admitted, failed
 
     def _prefill(self, joined: bool) -> torch.Tensor:
         """Prefill every live row's full sequence (identical ones once); logits (rows, V)."""
@@ -269,25 +329,49 @@ class ContinuousBatcher:
         stats.forward_rows[len(self._rows)] += 1
         stats.forward_requests[len({row.handle for row in self._rows if not row.done})] += 1
 
-    def _sample(self, logits: torch.Tensor) -> list[tuple[int, list[SampleOutput]]]:
-        """One token for every live row, recorded; returns the requests that completed."""
+    def _sample(self, logits: torch.Tensor) -> list[Finished]:
+        """One token for every live row, recorded; returns the requests that completed or failed."""
         groups: dict[tuple, list[int]] = {}
         for i, row in enumerate(self._rows):
             if not row.done:
                 p = row.request.params
                 key = (p.greedy, p.temperature, p.top_k, p.top_p, id(row.generator))
                 groups.setdefault(key, []).append(i)
-        finished: list[tuple[int, list[SampleOutput]]] = []
+        finished: list[Finished] = []
         for index in groups.values():
-            rows = [self._rows[i] for i in index]
-            params, generator = rows[0].request.params, rows[0].generator
-            group_logits = logits[torch.tensor(index, device=logits.device)]
-            tokens, log_probs = sample_next(group_logits, params, generator)
-            tops = _top_logprobs(group_logits, params, [row.request.top_logprobs for row in rows])
-            for row, token, log_prob, top in zip(rows, tokens.tolist(), log_probs.tolist(), tops, strict=True):
-                if self._record(row, token, log_prob, top):
+            try:
+                picks = self._pick(logits, index)
+            except Exception:  # noqa: BLE001 - find which request of the group it belongs to
+                picks = {}
+                by_request: dict[int, list[int]] = {}
+                for i in index:
+                    by_request.setdefault(self._rows[i].handle, []).append(i)
+                for handle, rows in by_request.items():
+                    try:
+                        picks.update(self._pick(logits, rows))
+                    except Exception as err:  # noqa: BLE001 - this request's own failure
+                        finished += self._fail(handle, err)
+            for i, (token, log_prob, top) in picks.items():
+                row = self._rows[i]
+                if row.done:  # its request failed through another row
+                    continue
+                try:
+                    done = self._record(row, token, log_prob, top)
+                except Exception as err:  # noqa: BLE001 - e.g. the request's stop check raised
+                    finished += self._fail(row.handle, err)
+                    continue
+                if done:
                     finished += self._finish(row.handle)
         return finished
+
+    def _pick(self, logits: torch.Tensor, index: list[int]) -> dict[int, tuple[int, float, list[tuple[int, float]]]]:
+        """Sample the cache rows ``index`` (same settings and generator): row → (token, log-prob, top)."""
+        rows = [self._rows[i] for i in index]
+        params, generator = rows[0].request.params, rows[0].generator
+        group_logits = logits[torch.tensor(index, device=logits.device)]
+        tokens, log_probs = sample_next(group_logits, params, generator)
+        tops = _top_logprobs(group_logits, params, [row.request.top_logprobs for row in rows])
+        return dict(zip(index, zip(tokens.tolist(), log_probs.tolist(), tops, strict=True), strict=True))
 
     def _record(self, row: _Row, token: int, log_prob: float, top: list[tuple[int, float]]) -> bool:
         """Append one token; returns True when this row just finished."""
@@ -305,7 +389,7 @@ class ContinuousBatcher:
             out.finish_reason = FINISH_LENGTH
         return out.finish_reason is not None
 
-    def _finish(self, handle: int) -> list[tuple[int, list[SampleOutput]]]:
+    def _finish(self, handle: int) -> list[Finished]:
         rows = self._pending[handle]
         if not all(row.done for row in rows):
             return []

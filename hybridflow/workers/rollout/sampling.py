@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from hybridflow.algorithms.utils import logprobs_from_logits
+from hybridflow.utils.errors import InputError
 
 # Nucleus sampling first looks among this many most likely tokens; only rows where they do
 # not hold the requested mass fall back to sorting the whole vocabulary.
@@ -56,6 +57,35 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return not self.do_sample or self.temperature == 0
+
+
+class NonFiniteLogitsError(InputError, RuntimeError):
+    """The model produced NaN or +inf logits (or no finite logit at all) for some rows: its
+    weights or activations are broken, and no token can be chosen from them."""
+
+
+def nonfinite_rows(logits: torch.Tensor) -> torch.Tensor:
+    """(b, V) → (b,) bool: rows with a NaN or +inf logit, or without any finite logit.
+
+    One reduction: the row maximum is NaN when any entry is NaN (``amax`` propagates it),
+    +inf when any entry is +inf, and -inf only when every entry is. ``-inf`` entries beside
+    finite ones are a legitimate mask and pass.
+    """
+    return ~torch.isfinite(logits.amax(dim=-1))
+
+
+def check_finite_logits(logits: torch.Tensor) -> None:
+    """Raise :class:`NonFiniteLogitsError` when any row of ``logits`` (b, V) is unusable.
+
+    Without this a NaN row turns into NaN probabilities, and the inverse-CDF draw returns an
+    index past the vocabulary (an ``IndexError`` far from the cause) or argmax a meaningless id.
+    """
+    bad = nonfinite_rows(logits)
+    if bool(bad.any()):
+        raise NonFiniteLogitsError(
+            f"the model produced non-finite logits (NaN or inf) for {int(bad.sum())} of {bad.numel()} rows; "
+            "the model is broken (check its weights), no token can be sampled"
+        )
 
 
 def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -130,7 +160,11 @@ def _invert(cdf: torch.Tensor, frac: torch.Tensor) -> torch.Tensor:
 def sample_next(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row. logits (b, V) float32 → tokens (b,) int64, log-probs (b,) float32."""
+    """Pick one token per row. logits (b, V) float32 → tokens (b,) int64, log-probs (b,) float32.
+
+    Raises :class:`NonFiniteLogitsError` when a row's logits are NaN / +inf (a broken model).
+    """
+    check_finite_logits(logits)
     if params.greedy:
         tokens = logits.argmax(dim=-1)
         return tokens, token_log_probs(logits, tokens, params.temperature if params.temperature > 0 else 1.0)
