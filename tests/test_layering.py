@@ -36,12 +36,14 @@ LAYERS: dict[str, int] = {
     "controller": 3,
     "models": 4,
     "engine": 4,
-    "workers": 5,
-    "trainer": 6,
-    "server": 6,
-    "agent": 6,
-    "tracking": 6,
-    "cli": 7,
+    "inference": 4,
+    "agent": 5,
+    "tools": 5,
+    "workers": 6,
+    "trainer": 7,
+    "server": 7,
+    "tracking": 7,
+    "cli": 8,
 }
 
 

@@ -1,0 +1,170 @@
+"""Trajectories → one ``DataProto`` with the plain rollout's fields, plus holes in the mask.
+
+Downstream phases (old log-probs, reference, advantages, losses) cannot tell an agent batch
+from a plain one: the tensors are the same fields with the same shapes and padding —
+
+    prompts (B, P)            prompt ids left-padded to P = prompt_length
+    responses (B, T)          response ids (model and inserted tokens) right-padded to T = response_length
+    response_mask (B, T)      1 on model tokens; 0 on tool/user/separator tokens and padding
+    input_ids (B, P+T)        prompts ‖ responses
+    attention_mask (B, P+T)   1 on every real token, inserted ones included
+    position_ids (B, P+T)     prompt positions, then last prompt position + 1, + 2, …
+    rollout_log_probs (B, T)  the sampler's log-prob on model tokens, 0 elsewhere
+
+— and the non-tensor columns ``__num_turns__``, ``tool_call_counts``, ``turn_scores``,
+``tool_rewards`` (verl's names). Each trajectory is checked first (:func:`check_trajectory`):
+lengths agree, the mask is 0/1, masked log-probs are 0, the last response token is the
+model's, and it fits the budget. The last check is what puts an outcome reward (placed on
+the last attention-valid token) on a token the model produced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridflow import fields as F
+from hybridflow.agent.base import AgentLoopOutput
+from hybridflow.data.rl_dataset import left_pad
+from hybridflow.protocol import DataProto
+
+NUM_TURNS = "__num_turns__"
+TOOL_CALL_COUNTS = "tool_call_counts"
+TURN_SCORES = "turn_scores"
+TOOL_REWARDS = "tool_rewards"
+
+
+class TrajectoryError(AssertionError):
+    """A trajectory that breaks the response invariants (an agent loop bug, not bad input)."""
+
+
+def check_trajectory(out: AgentLoopOutput, response_length: int, where: str = "trajectory") -> None:
+    """Raise :class:`TrajectoryError` unless ``out`` satisfies the response invariants."""
+    n = len(out.response_ids)
+    if not (n == len(out.response_mask) == len(out.response_log_probs)):
+        raise TrajectoryError(
+            f"{where}: response_ids ({n}), response_mask ({len(out.response_mask)}) and response_log_probs "
+            f"({len(out.response_log_probs)}) must have one entry per response token"
+        )
+    if n > response_length:
+        raise TrajectoryError(f"{where}: {n} response tokens exceed response_length={response_length}")
+    if any(m not in (0, 1) for m in out.response_mask):
+        raise TrajectoryError(f"{where}: response_mask must hold only 0 and 1")
+    pairs = zip(out.response_mask, out.response_log_probs, strict=True)
+    bad = [i for i, (m, lp) in enumerate(pairs) if m == 0 and lp != 0.0]
+    if bad:
+        raise TrajectoryError(f"{where}: log-probs must be 0 where response_mask is 0 (positions {bad[:5]})")
+    if n and out.response_mask[-1] != 1:
+        raise TrajectoryError(f"{where}: the last response token must be a model token (mask 1), not inserted context")
+    if not out.prompt_ids:
+        raise TrajectoryError(f"{where}: the prompt is empty")
+
+
+def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
+    return {
+        f"{prefix}/min": float(values.min()),
+        f"{prefix}/max": float(values.max()),
+        f"{prefix}/mean": float(values.mean()),
+    }
+
+
+def agent_loop_metrics(outputs: Sequence[AgentLoopOutput]) -> dict[str, float]:
+    """Batch metrics under verl's names: ``num_turns/*``, ``tool_call_counts/*``,
+    ``agent_loop/generate_sequences/*`` and ``agent_loop/tool_calls/*`` (seconds),
+    ``agent_loop/slowest/*`` (the trajectory with the most generate + tool time), plus
+    ``agent_loop/{tool_errors,tool_parse_errors,dropped_tool_turns}/*`` counters."""
+    if not outputs:
+        return {}
+    turns = np.array([o.num_turns for o in outputs], dtype=np.float64)
+    calls = np.array([o.tool_call_counts for o in outputs], dtype=np.float64)
+    generate = np.array([o.metrics.get("generate_sequences", 0.0) for o in outputs], dtype=np.float64)
+    tools = np.array([o.metrics.get("tool_calls", 0.0) for o in outputs], dtype=np.float64)
+    metrics = _stats("num_turns", turns) | _stats("tool_call_counts", calls)
+    metrics |= _stats("agent_loop/generate_sequences", generate) | _stats("agent_loop/tool_calls", tools)
+    slowest = int(np.argmax(generate + tools))
+    metrics["agent_loop/slowest/generate_sequences"] = float(generate[slowest])
+    metrics["agent_loop/slowest/tool_calls"] = float(tools[slowest])
+    metrics["agent_loop/slowest/prompt_length"] = float(len(outputs[slowest].prompt_ids))
+    metrics["agent_loop/slowest/response_length"] = float(len(outputs[slowest].response_ids))
+    for key in ("tool_errors", "tool_parse_errors", "dropped_tool_turns"):
+        values = np.array([o.metrics.get(key, 0.0) for o in outputs], dtype=np.float64)
+        metrics |= _stats(f"agent_loop/{key}", values)
+    return metrics
+
+
+def collate_trajectories(
+    outputs: Sequence[AgentLoopOutput],
+    *,
+    prompt_length: int,
+    response_length: int,
+    pad_token_id: int,
+    non_tensors: Mapping[str, np.ndarray] | None = None,
+    meta_info: Mapping[str, Any] | None = None,
+) -> DataProto:
+    """One ``DataProto`` row per trajectory (see the module docstring for the fields).
+
+    ``non_tensors`` (one entry per trajectory) are carried along, as the plain rollout
+    carries the prompt batch's columns; ``meta_info`` is copied and gets
+    ``meta_info["metrics"]`` from :func:`agent_loop_metrics`.
+    """
+    if not outputs:
+        raise ValueError("collate_trajectories needs at least one trajectory")
+    prompts, prompt_masks, prompt_positions = [], [], []
+    responses = torch.full((len(outputs), response_length), pad_token_id, dtype=torch.long)
+    response_attention = torch.zeros((len(outputs), response_length), dtype=torch.long)
+    response_mask = torch.zeros((len(outputs), response_length), dtype=torch.long)
+    log_probs = torch.zeros((len(outputs), response_length), dtype=torch.float32)
+    for i, out in enumerate(outputs):
+        check_trajectory(out, response_length, where=f"trajectory {i}")
+        if len(out.prompt_ids) > prompt_length:
+            raise ValueError(
+                f"trajectory {i}: the prompt has {len(out.prompt_ids)} tokens, more than prompt_length={prompt_length} "
+                "(a tool loop's prompt includes the tool descriptions); raise rollout.prompt_length"
+            )
+        ids, mask, positions = left_pad(out.prompt_ids, prompt_length, pad_token_id)
+        prompts.append(ids)
+        prompt_masks.append(mask)
+        prompt_positions.append(positions)
+        n = len(out.response_ids)
+        responses[i, :n] = torch.tensor(out.response_ids, dtype=torch.long)
+        response_attention[i, :n] = 1
+        response_mask[i, :n] = torch.tensor(out.response_mask, dtype=torch.long)
+        log_probs[i, :n] = torch.tensor(out.response_log_probs, dtype=torch.float32)
+    prompt_ids = torch.stack(prompts)
+    prompt_mask = torch.stack(prompt_masks)
+    prompt_pos = torch.stack(prompt_positions)
+    response_pos = prompt_pos[:, -1:] + torch.arange(1, response_length + 1, dtype=prompt_pos.dtype)[None]
+    attention_mask = torch.cat([prompt_mask, response_attention], dim=1)
+    if bool((response_mask > response_attention).any()):
+        raise TrajectoryError("response_mask is 1 where attention_mask is 0")
+    tensors = {
+        F.PROMPTS: prompt_ids,
+        F.RESPONSES: responses,
+        F.RESPONSE_MASK: response_mask,
+        F.INPUT_IDS: torch.cat([prompt_ids, responses], dim=1),
+        F.ATTENTION_MASK: attention_mask,
+        F.POSITION_IDS: torch.cat([prompt_pos, response_pos], dim=1),
+        F.ROLLOUT_LOG_PROBS: log_probs,
+    }
+    columns: dict[str, np.ndarray] = {}
+    for key, value in (non_tensors or {}).items():
+        if len(value) != len(outputs):
+            raise ValueError(f"non_tensors[{key!r}] has {len(value)} entries for {len(outputs)} trajectories")
+        columns[key] = value
+    columns[NUM_TURNS] = np.array([o.num_turns for o in outputs], dtype=np.int32)
+    columns[TOOL_CALL_COUNTS] = np.array([o.tool_call_counts for o in outputs], dtype=np.int64)
+    columns[TURN_SCORES] = _object_column([list(o.turn_scores) for o in outputs])
+    columns[TOOL_REWARDS] = _object_column([list(o.tool_rewards) for o in outputs])
+    meta = dict(meta_info or {})
+    meta["metrics"] = agent_loop_metrics(outputs)
+    return DataProto.from_dict(tensors=tensors, non_tensors=columns, meta_info=meta)
+
+
+def _object_column(values: list[Any]) -> np.ndarray:
+    column = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        column[i] = value
+    return column

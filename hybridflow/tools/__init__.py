@@ -1,0 +1,6 @@
+"""Tools for agent loops: the interface, the YAML/function-file registry, built-in tools.
+
+``base.py`` (BaseTool, ``@function_tool``, schemas), ``calls.py`` (one trajectory's calls:
+instances, timeouts, error texts, truncation), ``registry.py`` (verl's tool YAML and
+function-tool files), ``calculator.py`` and ``python.py`` (built-in tools).
+"""
