@@ -75,7 +75,8 @@ def random_rollout(rows: int, prompt_len: int, response_len: int, vocab: int, se
     )
 
 
-def build_actor(model: str, dtype: str, rows: int, micro: int, gradient_checkpointing: bool) -> ActorWorker:
+def build_actor(model: str, dtype: str, rows: int, micro: int, gradient_checkpointing: bool,
+                extra: list[str] | None = None) -> ActorWorker:
     cfg = load_config(
         None,
         [
@@ -87,6 +88,7 @@ def build_actor(model: str, dtype: str, rows: int, micro: int, gradient_checkpoi
             f"data.train_batch_size={rows // 2}",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={rows // 2}",
             f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+            *(extra or []),
         ],
     )
     worker = ActorWorker(cfg.actor_rollout_ref, share_name=None)
@@ -104,7 +106,7 @@ def flops_per_update(module: torch.nn.Module, rows: int, prompt_len: int, respon
 
 def bench_dtype(args: argparse.Namespace, dtype: str) -> dict[str, float]:
     peak = matmul_peak(DTYPES[dtype], args.matmul_size, args.matmul_repeats)
-    actor = build_actor(args.model, dtype, args.rows, args.micro, args.gradient_checkpointing)
+    actor = build_actor(args.model, dtype, args.rows, args.micro, args.gradient_checkpointing, args.set)
     data = random_rollout(args.rows, args.prompt_len, args.response_len, actor.module.config.vocab_size, seed=0)
     actor.update_actor(data)  # warm-up (allocations, autotuning, first-step optimizer state)
     start = time.perf_counter()
@@ -148,6 +150,9 @@ def main() -> None:
     parser.add_argument("--response-len", type=int, default=64)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an extra config override for the actor (repeatable), e.g. "
+                             "actor_rollout_ref.model.use_remove_padding=false")
     parser.add_argument("--matmul-size", type=int, default=2048)
     parser.add_argument("--matmul-repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
