@@ -36,8 +36,9 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")
     use_remove_padding: bool = setting(
         True,
-        "pack each micro-batch's rows without padding for the actor and reference passes (same results; "
-        "a micro-batch whose rows share prompts runs them once instead); the token budget then counts real tokens",
+        "pack each micro-batch's rows without padding for the actor and reference passes when padding is "
+        "≥ 10% of it (same results; a micro-batch whose rows share prompts runs them once instead); the token "
+        "budget then counts real tokens",
     )
     attn_implementation: AttnImplementation = setting(
         "auto", "attention kernel: eager, sdpa, or auto = eager on CPU for rows of ≤ 256 tokens (faster there), else sdpa"

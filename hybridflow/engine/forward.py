@@ -93,6 +93,25 @@ def packs_rows(module: torch.nn.Module) -> bool:
     return str(getattr(config, "_attn_implementation", "")).startswith(PACKED_PREFIX)
 
 
+# A micro-batch is packed only when padding is at least this share of its padded window:
+# packing removes the padding but runs attention row by row, which was slower than one batched
+# kernel when rows were full (benchmarks/packing.py, docs/benchmarks.md: bf16 update 1.73–1.78 s
+# packed vs 1.49–1.66 s padded with no padding; 1.25–1.32× faster packed with 18% padding).
+PACK_MIN_PADDING = 0.1
+
+
+def worth_packing(micro: TensorDict, response_len: int, min_padding: float = PACK_MIN_PADDING) -> bool:
+    """Pack this micro-batch? It has a response token, and padding is ≥ ``min_padding`` of the
+    (b, window) block the padded path would compute."""
+    mask = micro[FK.ATTENTION_MASK]
+    if not bool(mask[:, -response_len:].any()):
+        return False
+    window = response_window(mask, response_len)
+    block = mask.shape[0] * (window.hi - 1 - window.lo)
+    real = int(mask.sum()) - mask.shape[0]  # each row's last token is not fed
+    return real <= (1.0 - min_padding) * block
+
+
 @dataclass(frozen=True)
 class Packed:
     """A micro-batch as one row: ``inputs`` for the model, the flat indices ``keep`` whose
@@ -199,7 +218,7 @@ def response_log_probs(
     (:mod:`hybridflow.engine.shared_prompt`; the engine passes it).
     """
     responses = micro[FK.RESPONSES]
-    if prompt_cache is None and packs_rows(module) and bool(micro[FK.ATTENTION_MASK][:, -responses.shape[1]:].any()):
+    if prompt_cache is None and packs_rows(module) and worth_packing(micro, responses.shape[1]):
         packed = pack_micro_batch(micro, responses.shape[1])
         logits = module(**packed.inputs, use_cache=False, logits_to_keep=packed.keep).logits
         labels = responses[packed.rows, packed.cols][None]
@@ -236,7 +255,7 @@ def response_log_probs(
 def response_values(module: torch.nn.Module, micro: TensorDict) -> dict[str, torch.Tensor]:
     """``{"values": (b, T)}``: the critic's V at the positions that predict each response token."""
     responses = micro[FK.RESPONSES]
-    if packs_rows(module) and bool(micro[FK.ATTENTION_MASK][:, -responses.shape[1]:].any()):
+    if packs_rows(module) and worth_packing(micro, responses.shape[1]):
         packed = pack_micro_batch(micro, responses.shape[1])
         values = module(**packed.inputs)[0, packed.keep]  # (K,)
         return {"values": unpack(values.float(), packed)}

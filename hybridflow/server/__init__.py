@@ -4,9 +4,9 @@
     # then: openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")
 
 Endpoints: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``, the token-in/token-out
-``/generate``, ``/update_weights_from_disk``, ``/health`` and ``/metrics``. Concurrent requests
-share forward passes through the continuous batcher
-(:mod:`hybridflow.workers.rollout.continuous`). See docs/server.md.
+``/generate``, ``/update_weights_from_disk``, ``/health`` and ``/metrics``. The server is an HTTP
+face on the inference engine (:mod:`hybridflow.inference.engine`): concurrent requests share
+forward passes through its continuous batcher. See docs/server.md.
 
 Names are imported on first use: the HTTP layer needs the ``serve`` extra (FastAPI, uvicorn),
 and ``hybridflow serve`` must be able to say so instead of failing on import.
@@ -18,11 +18,9 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "GenerationEngine": "hybridflow.server.engine",
     "ServerState": "hybridflow.server.app",
     "build_app": "hybridflow.server.app",
     "TextCodec": "hybridflow.server.text",
-    "load_weights_from_folder": "hybridflow.server.weights",
 }
 
 __all__ = sorted(_EXPORTS)

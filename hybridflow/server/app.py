@@ -26,8 +26,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from hybridflow.inference.continuous import GenRequest, SampleOutput
+from hybridflow.inference.engine import GenerationEngine, RequestRefused, ShuttingDown
+from hybridflow.inference.sampling import NonFiniteLogitsError, SamplingParams
+from hybridflow.inference.weights import WeightsRejected, folder_under_root
 from hybridflow.server.checks import BadRequest, ServerLimits, check_text
-from hybridflow.server.engine import GenerationEngine, RequestRefused, ShuttingDown
 from hybridflow.server.responses import chat_choice, completion_choice, generate_output, usage
 from hybridflow.server.schemas import (
     ChatCompletionRequest,
@@ -38,9 +41,6 @@ from hybridflow.server.schemas import (
 )
 from hybridflow.server.security import BodyTooLarge, RequestGuard, default_allowed_hosts
 from hybridflow.server.text import TextCodec
-from hybridflow.server.weights import WeightsRejected, folder_under_root
-from hybridflow.workers.rollout.continuous import GenRequest, SampleOutput
-from hybridflow.workers.rollout.sampling import NonFiniteLogitsError, SamplingParams
 
 logger = logging.getLogger("hybridflow.server")
 T = TypeVar("T")

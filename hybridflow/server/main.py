@@ -60,7 +60,7 @@ def _positive(value: str) -> int:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from hybridflow.workers.rollout.torch_rollout import DECODERS
+    from hybridflow.inference.decoders import DECODERS
 
     parser = argparse.ArgumentParser(
         prog="hybridflow serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -169,7 +169,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
     from hybridflow.models import load_model_and_tokenizer, parse_dtype
     from hybridflow.server.app import ServerState
     from hybridflow.server.checks import ServerLimits
-    from hybridflow.server.engine import GenerationEngine
+    from hybridflow.inference.engine import GenerationEngine
     from hybridflow.server.security import parse_allowed_hosts
     from hybridflow.server.text import TextCodec
     from hybridflow.utils.precision import resolve_compute_dtype

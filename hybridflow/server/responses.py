@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from hybridflow.inference.continuous import FINISH_STOP, SampleOutput
 from hybridflow.server.text import TextCodec, truncate_at_stop
-from hybridflow.workers.rollout.continuous import FINISH_STOP, SampleOutput
 
 
 def _text_and_reason(codec: TextCodec, out: SampleOutput, stops: Sequence[str]) -> tuple[str, str]:
@@ -79,6 +79,7 @@ def generate_output(prompt_index: int, out: SampleOutput) -> dict[str, Any]:
         "logprobs": list(out.logprobs),
         "top_logprobs": [[[i, lp] for i, lp in top] for top in out.top_logprobs] if any(out.top_logprobs) else None,
         "finish_reason": out.finish_reason,
+        "weight_version": out.weight_version,
     }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from jinja2 import TemplateError, UndefinedError
 
-from hybridflow.workers.rollout.continuous import StopCheck
+from hybridflow.inference.continuous import StopCheck
 
 
 class TextCodec:

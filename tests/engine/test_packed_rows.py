@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from hybridflow import fields as FK
-from hybridflow.engine.forward import pack_micro_batch, packs_rows, response_log_probs, response_values
+from hybridflow.engine.forward import (
+    PACK_MIN_PADDING, pack_micro_batch, packs_rows, response_log_probs, response_values, worth_packing,
+)
 from hybridflow.engine.micro_batch import MicroBatchSpec, plan_micro_batches
 from hybridflow.models.packed_attention import base_of, packed_name
 from hybridflow.models.tiny import build_tiny_model
@@ -31,6 +33,7 @@ def _batch(make_rollout_batch, empty_row: bool = False):
     batch = make_rollout_batch(num_rows=6, prompt_len=7, response_len=6, seed=3).batch.clone()
     if empty_row:  # a row with no response token: nothing to predict, outputs stay 0
         batch[FK.ATTENTION_MASK][2, 7:] = 0
+    assert worth_packing(batch, 6)  # these tests compare the packed path, not the padded one twice
     return batch
 
 
@@ -116,3 +119,21 @@ def test_packed_name_checks_its_base():
     assert packed_name("sdpa") == "hybridflow_packed_sdpa" and base_of("hybridflow_packed_eager") == "eager"
     with pytest.raises(ValueError, match="eager"):
         packed_name("flash_attention_2")
+
+
+def test_only_micro_batches_with_enough_padding_are_packed(make_rollout_batch):
+    batch = make_rollout_batch(num_rows=4, prompt_len=5, response_len=4, seed=0).batch.clone()
+    full = batch.clone()
+    full[FK.ATTENTION_MASK].fill_(1)
+    assert not worth_packing(full, 4)  # no padding: one batched kernel is faster
+    # one row of 4 loses 3 of its 8 fed tokens → 3 / 32 < 10% padding: still padded
+    mask = full[FK.ATTENTION_MASK].clone()
+    mask[0, :3] = 0
+    assert not worth_packing(full.set(FK.ATTENTION_MASK, mask), 4)
+    mask[1, :2] = 0  # 5 / 32 ≥ 10%
+    assert worth_packing(full.set(FK.ATTENTION_MASK, mask), 4)
+    assert worth_packing(full.set(FK.ATTENTION_MASK, mask), 4, min_padding=0.2) is False  # 5 / 32 < 20%
+    no_response = full.clone()
+    no_response[FK.ATTENTION_MASK][:, 5:] = 0
+    assert not worth_packing(no_response, 4)
+    assert 0 < PACK_MIN_PADDING < 1

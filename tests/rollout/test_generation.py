@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridflow.workers.rollout.generation import generate
-from hybridflow.workers.rollout.sampling import SamplingParams
+from hybridflow.inference.generation import generate
+from hybridflow.inference.sampling import SamplingParams
 
 EOS, PAD, FILL, VOCAB = 1, 0, 5, 8
 

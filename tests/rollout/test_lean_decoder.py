@@ -6,12 +6,12 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from hybridflow.inference.decoders import build_decoder
+from hybridflow.inference.generation import generate
+from hybridflow.inference.hf_decoder import HFDecoder
+from hybridflow.inference.lean_decoder import LeanDecoder, lean_unsupported_reason
+from hybridflow.inference.sampling import SamplingParams
 from hybridflow.models.tiny import build_tiny_model
-from hybridflow.workers.rollout.generation import generate
-from hybridflow.workers.rollout.hf_decoder import HFDecoder
-from hybridflow.workers.rollout.lean_decoder import LeanDecoder, lean_unsupported_reason
-from hybridflow.workers.rollout.sampling import SamplingParams
-from hybridflow.workers.rollout.torch_rollout import build_decoder
 
 STEPS = 16
 

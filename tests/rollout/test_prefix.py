@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridflow.workers.rollout.generation import generate
-from hybridflow.workers.rollout.lean_decoder import LeanDecoder
-from hybridflow.workers.rollout.prefix import shared_prefix_length
-from hybridflow.workers.rollout.sampling import SamplingParams
+from hybridflow.inference.generation import generate
+from hybridflow.inference.lean_decoder import LeanDecoder
+from hybridflow.inference.prefix import shared_prefix_length
+from hybridflow.inference.sampling import SamplingParams
 
 
 def _left_pad(rows: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

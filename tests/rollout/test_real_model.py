@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from hybridflow.algorithms.utils import logprobs_from_logits
+from hybridflow.inference.generation import generate
+from hybridflow.inference.lean_decoder import LeanDecoder
+from hybridflow.inference.sampling import SamplingParams
 from hybridflow.models import load_model_and_tokenizer
-from hybridflow.workers.rollout.generation import generate
-from hybridflow.workers.rollout.lean_decoder import LeanDecoder
-from hybridflow.workers.rollout.sampling import SamplingParams
 
 QUESTIONS = ("What is 2+2?", "Name three colors of the rainbow.", "Hi!")
 STEPS = 16

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from hybridflow.workers.rollout.sampling import SamplingParams, sample_next, token_log_probs
+from hybridflow.inference.sampling import SamplingParams, sample_next, token_log_probs
 
 
 def _draw(logits: torch.Tensor, params: SamplingParams, rows: int = 20000, seed: int = 0) -> torch.Tensor:

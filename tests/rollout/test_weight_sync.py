@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from hybridflow.config.actor_rollout_ref import RolloutConfig
+from hybridflow.inference.weights import load_named_tensors
 from hybridflow.models.tiny import build_tiny_model
 from hybridflow.protocol import DataProto
-from hybridflow.workers.rollout import TorchRollout, iter_weight_buckets, load_named_tensors
+from hybridflow.workers.rollout import TorchRollout, iter_weight_buckets
 
 
 def _config() -> RolloutConfig:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hybridflow.inference.continuous import ContinuousBatcher, GenRequest
+from hybridflow.inference.decoders import build_decoder
+from hybridflow.inference.generation import generate
+from hybridflow.inference.sampling import NonFiniteLogitsError, SamplingParams
 from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer
-from hybridflow.workers.rollout.continuous import ContinuousBatcher, GenRequest
-from hybridflow.workers.rollout.generation import generate
-from hybridflow.workers.rollout.sampling import NonFiniteLogitsError, SamplingParams
-from hybridflow.workers.rollout.torch_rollout import build_decoder
 
 PAD, VOCAB = 0, 32
 

@@ -8,13 +8,13 @@ import threading
 import pytest
 import torch
 
+from hybridflow.inference.continuous import GenRequest
+from hybridflow.inference.decoders import build_decoder
+from hybridflow.inference.engine import GenerationEngine, GenerationFailed, RequestCancelled
+from hybridflow.inference.generation import generate
+from hybridflow.inference.sampling import NonFiniteLogitsError, SamplingParams
+from hybridflow.inference.weights import WeightsRejected
 from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_model
-from hybridflow.server.engine import GenerationEngine, GenerationFailed, RequestCancelled
-from hybridflow.server.weights import WeightsRejected
-from hybridflow.workers.rollout.continuous import GenRequest
-from hybridflow.workers.rollout.generation import generate
-from hybridflow.workers.rollout.sampling import NonFiniteLogitsError, SamplingParams
-from hybridflow.workers.rollout.torch_rollout import build_decoder
 
 TIMEOUT_S = 60
 

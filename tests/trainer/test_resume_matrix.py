@@ -16,10 +16,10 @@ from safetensors.torch import load_file
 from hybridflow.config import load_config
 from hybridflow.controller import WorkerError
 from hybridflow.engine import TorchEngine
+from hybridflow.inference import generation
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.main_ppo import build_trainer
 from hybridflow.trainer.ppo_trainer import PPOTrainer
-from hybridflow.workers.rollout import generation
 
 from .conftest import tiny_overrides
 

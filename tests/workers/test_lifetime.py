@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from hybridflow.config import load_config
+from hybridflow.inference import projections
+from hybridflow.inference.projections import Projection, optimizer_step_watch, packing_available
 from hybridflow.trainer.main_ppo import build_trainer
-from hybridflow.workers.rollout import projections
-from hybridflow.workers.rollout.projections import Projection, optimizer_step_watch, packing_available
 from hybridflow.workers.shared_policy import (
     DEFAULT_SHARE_NAME,
     SharedPolicy,

@@ -1,14 +1,14 @@
 """``TorchRollout`` (registry name ``"torch"``): the built-in sampler, runs wherever torch runs.
 
 It samples from a Hugging Face causal LM in the same process. For Llama-family models (plain
-or with LoRA adapters) it uses :class:`~hybridflow.workers.rollout.lean_decoder.LeanDecoder`
+or with LoRA adapters) it uses :class:`~hybridflow.inference.lean_decoder.LeanDecoder`
 (own decode loop, own KV cache, packed weights on CPU); for other architectures and LoRA
-variants it steps the model's own forward (:class:`~hybridflow.workers.rollout.hf_decoder.HFDecoder`).
-Both paths share the sampling loop of :mod:`hybridflow.workers.rollout.generation`.
+variants it steps the model's own forward (:class:`~hybridflow.inference.hf_decoder.HFDecoder`).
+Both paths share the sampling loop of :mod:`hybridflow.inference.generation`.
 
 Weights: the rollout reads the module it was given. Handed the actor's module (colocated
 default), it sees every update at once — packed copies are rebuilt when a parameter changed
-(see :mod:`hybridflow.workers.rollout.projections`). Handed its own module, it receives
+(see :mod:`hybridflow.inference.projections`). Handed its own module, it receives
 weights via :meth:`update_weights`.
 """
 
@@ -24,45 +24,12 @@ from tqdm import tqdm
 
 from hybridflow import fields as F
 from hybridflow.config.actor_rollout_ref import RolloutConfig
+from hybridflow.inference.decoders import build_decoder
+from hybridflow.inference.generation import Generated, generate
+from hybridflow.inference.sampling import SamplingParams
+from hybridflow.inference.weights import load_named_tensors
 from hybridflow.protocol import DataProto
 from hybridflow.workers.rollout.base import ROLLOUTS, BaseRollout, NamedTensors
-from hybridflow.workers.rollout.generation import Decoder, Generated, generate
-from hybridflow.workers.rollout.hf_decoder import HFDecoder
-from hybridflow.workers.rollout.lean_decoder import LeanDecoder, lean_unsupported_reason, unwrap_peft
-from hybridflow.workers.rollout.projections import is_lora_linear, packing_available
-from hybridflow.workers.rollout.sampling import SamplingParams
-from hybridflow.workers.rollout.weight_sync import load_named_tensors
-
-DECODERS: tuple[str, ...] = ("auto", "lean", "hf")
-
-
-def build_decoder(
-    model: nn.Module, decoder: str = "auto", weight_format: str = "auto", dtype: torch.dtype | None = None
-) -> Decoder:
-    """The forward implementation for ``model``, computing in ``dtype`` (default: the model's).
-
-    ``decoder``: ``"lean"`` (error if unsupported), ``"hf"``, or ``"auto"`` (lean when the
-    architecture allows). ``weight_format``: ``"shared"``, ``"packed"``, or ``"auto"``
-    (packed where oneDNN supports ``dtype`` on the model's device, where ``dtype`` differs
-    from the model's, or where LoRA adapters must be merged; else shared). A ``peft`` model
-    is unwrapped: its LoRA layers are merged into the packed weights (lean) or run as they are
-    (hf).
-    """
-    if decoder not in DECODERS:
-        raise ValueError(f"unknown decoder {decoder!r}; valid: {', '.join(DECODERS)}")
-    model = unwrap_peft(model)
-    reason = lean_unsupported_reason(model)
-    if decoder == "hf" or (decoder == "auto" and reason is not None):
-        return HFDecoder(model, dtype)
-    if reason is not None:
-        raise ValueError(f"decoder='lean' cannot run this model: {reason}")
-    param = model.get_input_embeddings().weight
-    dtype = param.dtype if dtype is None else dtype
-    if weight_format == "auto":
-        needs_copy = dtype != param.dtype or any(is_lora_linear(m) for m in model.modules())
-        weight_format = "packed" if needs_copy or packing_available(param.device, dtype) else "shared"
-    return LeanDecoder(model, weight_format, dtype)
-
 
 def _token_ids(value: Any, what: str) -> tuple[int, ...]:
     if value is None:

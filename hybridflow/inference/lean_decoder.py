@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hybridflow.workers.rollout.kv_cache import KVCache
-from hybridflow.workers.rollout.prefix import shared_prefix_length
-from hybridflow.workers.rollout.projections import Projection, linear_unsupported_reason
+from hybridflow.inference.kv_cache import KVCache
+from hybridflow.inference.prefix import shared_prefix_length
+from hybridflow.inference.projections import Projection, linear_unsupported_reason
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen2", "mistral")
 _STATELESS_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3", "yarn")
@@ -116,7 +116,7 @@ class LeanDecoder:
 
     ``weight_format`` is ``"shared"`` (read the module's parameters directly; no copy) or
     ``"packed"`` (fused oneDNN copies refreshed when the module's parameters change); see
-    :mod:`hybridflow.workers.rollout.projections`. ``dtype`` is the compute dtype (default:
+    :mod:`hybridflow.inference.projections`. ``dtype`` is the compute dtype (default:
     the module's); a dtype other than the module's needs ``"packed"`` (e.g. bf16 sampling
     from an fp32 training module).
     """

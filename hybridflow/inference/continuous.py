@@ -1,10 +1,10 @@
 """Continuous batching over the decoder's step API: requests join a running batch between steps.
 
-The built-in sampler's :func:`~hybridflow.workers.rollout.generation.generate` runs one closed
+The built-in sampler's :func:`~hybridflow.inference.generation.generate` runs one closed
 batch from prefill to the last token. A server sees requests arrive at any time, each with its
 own sampling settings and length, so :class:`ContinuousBatcher` drives the same decoder
-(:class:`~hybridflow.workers.rollout.generation.Decoder`: ``prefill`` / ``decode`` /
-``select_rows``) and the same token choice (:func:`~hybridflow.workers.rollout.sampling.sample_next`)
+(:class:`~hybridflow.inference.generation.Decoder`: ``prefill`` / ``decode`` /
+``select_rows``) and the same token choice (:func:`~hybridflow.inference.sampling.sample_next`)
 one step at a time::
 
     step():  waiting requests and room?  ──yes──▶ prefill every live row's full sequence
@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hybridflow.workers.rollout.generation import Decoder
-from hybridflow.workers.rollout.sampling import SamplingParams, sample_next, token_log_probs
+from hybridflow.inference.generation import Decoder
+from hybridflow.inference.sampling import SamplingParams, sample_next, token_log_probs
 
 # What torch.Generator.manual_seed accepts: any int64 or uint64 value.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
@@ -86,12 +86,17 @@ class SampleOutput:
     """One response: its token ids, the log-prob of each under the sampling temperature
     (``log softmax(z / T)[token]``, T = 1 when greedy), the ``top_logprobs`` best
     ``(token id, log-prob)`` pairs per step (empty lists when not asked for), and why it
-    ended: ``"stop"`` (stop token or stop check) or ``"length"`` (max_new_tokens)."""
+    ended: ``"stop"`` (stop token or stop check) or ``"length"`` (max_new_tokens).
+
+    ``weight_version`` is stamped by whoever swaps weights (the
+    :class:`~hybridflow.inference.engine.GenerationEngine`); the batcher itself has no notion
+    of versions and leaves it 0."""
 
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     finish_reason: str | None = None
+    weight_version: int = 0
 
 
 @dataclass

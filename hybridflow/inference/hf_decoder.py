@@ -1,7 +1,7 @@
 """The portable decoder: the Hugging Face model's own forward with a ``DynamicCache``.
 
 Used for architectures the lean decoder does not cover (and for LoRA-wrapped modules). It
-keeps the same interface as :class:`~hybridflow.workers.rollout.lean_decoder.LeanDecoder`
+keeps the same interface as :class:`~hybridflow.inference.lean_decoder.LeanDecoder`
 (prefill, decode, select_rows, release), so the sampling loop — early finish, compaction,
 n samples per prompt — is identical on both paths; only the per-step forward differs.
 """

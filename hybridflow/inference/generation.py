@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 
 from hybridflow.engine.shared_prompt import distinct_prompts
-from hybridflow.workers.rollout.sampling import SamplingParams, sample_next
+from hybridflow.inference.sampling import SamplingParams, sample_next
 
 _COMPACT_FRACTION = 4  # compact once dead rows ≥ cache rows / _COMPACT_FRACTION
 

@@ -15,13 +15,15 @@ paths exist on the server.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from hybridflow.workers.rollout.weight_sync import load_named_tensors
+NamedTensorPairs = Iterable[tuple[str, torch.Tensor]]
+
 
 
 class WeightsRejected(ValueError):
@@ -136,4 +138,37 @@ def load_weights_from_folder(model: nn.Module, folder: str | os.PathLike, given:
         with safe_open(str(file), framework="pt", device=str(device)) as fh:
             pairs = ((name, fh.get_tensor(name)) for name in fh.keys())  # noqa: SIM118
             copied += load_named_tensors(model, pairs)
+    return copied
+
+
+def _pairs(weights: Mapping[str, torch.Tensor] | NamedTensorPairs) -> NamedTensorPairs:
+    return weights.items() if isinstance(weights, Mapping) else weights
+
+
+def load_named_tensors(model: nn.Module, weights: Mapping[str, torch.Tensor] | NamedTensorPairs) -> int:
+    """Copy ``weights`` into ``model``'s parameters/buffers by ``state_dict`` name.
+
+    Returns the number of tensors copied (a tensor that already is the target is skipped).
+    Unknown names and shape mismatches raise ``ValueError`` naming the tensor.
+    """
+    targets = model.state_dict(keep_vars=True)
+    copied = 0
+    with torch.no_grad():
+        for name, tensor in _pairs(weights):
+            if name not in targets:
+                suffix = ".".join(name.split(".")[-2:])
+                close = [key for key in targets if key.endswith(suffix)]
+                hint = f"; similar names: {close[:3]}" if close else ""
+                raise ValueError(f"update_weights: the rollout model has no tensor named {name!r}{hint}")
+            target = targets[name]
+            if target.shape != tensor.shape:
+                raise ValueError(
+                    f"update_weights: {name!r} has shape {tuple(tensor.shape)}, "
+                    f"the rollout model expects {tuple(target.shape)}"
+                )
+            if tensor is target or (tensor.data_ptr() == target.data_ptr() and tensor.dtype == target.dtype):
+                continue
+            # copy_ (not .data.copy_) bumps the version counter that packed weights watch.
+            target.copy_(tensor)
+            copied += 1
     return copied

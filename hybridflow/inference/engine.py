@@ -8,11 +8,12 @@ through a queue and await a ``concurrent.futures.Future``::
 
 Weight updates go through the same queue. The thread stops admitting new requests, lets the
 running ones finish on the old weights, swaps the weights, then admits what queued meanwhile:
-no response ever mixes two weight versions. Cancellations (a client that went away) also go
+no response ever mixes two weight versions. ``weight_version`` counts the swaps; each
+finished :class:`~hybridflow.inference.continuous.SampleOutput` carries the version it ran on. Cancellations (a client that went away) also go
 through the queue, so only the engine thread ever touches the batcher.
 
 Failures are kept as small as they can be: a request that fails alone (see
-:class:`~hybridflow.workers.rollout.continuous.ContinuousBatcher`) gets its exception and the
+:class:`~hybridflow.inference.continuous.ContinuousBatcher`) gets its exception and the
 batch goes on; a failed forward fails the requests in that forward; anything else that goes
 wrong in the loop fails what is in flight and the loop carries on. The thread never dies
 while the server runs, so no future is left unanswered.
@@ -33,9 +34,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from hybridflow.server.weights import WeightsRejected, load_weights_from_folder
-from hybridflow.workers.rollout.continuous import ContinuousBatcher, GenRequest
-from hybridflow.workers.rollout.torch_rollout import build_decoder
+from hybridflow.inference.continuous import ContinuousBatcher, GenRequest
+from hybridflow.inference.decoders import build_decoder
+from hybridflow.inference.weights import WeightsRejected, load_weights_from_folder
 
 logger = logging.getLogger("hybridflow.server")
 
@@ -80,7 +81,7 @@ class GenerationEngine:
     """Serves :class:`GenRequest` s from a background thread with continuous batching.
 
     ``decoder`` / ``dtype`` choose the sampler's forward (see
-    :func:`~hybridflow.workers.rollout.torch_rollout.build_decoder`); ``max_rows`` bounds the
+    :func:`~hybridflow.inference.decoders.build_decoder`); ``max_rows`` bounds the
     rows of one forward; ``batch_window_s`` makes an idle engine wait that long after the
     first request for others to arrive, so a burst starts as one prefill instead of joining
     step by step (0 = start at once); ``seed`` seeds the generator of requests without a seed.
@@ -159,7 +160,7 @@ class GenerationEngine:
         """Queue a weight reload from an HF folder; the future resolves to the tensors copied.
 
         ``path`` must already be checked against the server's weights root (see
-        :func:`~hybridflow.server.weights.folder_under_root`); ``given`` is what the client
+        :func:`~hybridflow.inference.weights.folder_under_root`); ``given`` is what the client
         sent, used in error messages instead of the resolved path.
         """
         future: Future = Future()
@@ -167,7 +168,7 @@ class GenerationEngine:
         return future
 
     def metrics(self) -> dict[str, Any]:
-        """Batching counters (see :class:`~hybridflow.workers.rollout.continuous.BatcherStats`) and queue sizes."""
+        """Batching counters (see :class:`~hybridflow.inference.continuous.BatcherStats`) and queue sizes."""
         with self._stats_lock:
             stats = self.batcher.stats.as_dict()
             running, waiting = self.batcher.num_running, self.batcher.num_waiting
@@ -265,6 +266,10 @@ class GenerationEngine:
                              exc_info=result)
                 future.set_exception(result)
             else:
+                # Weights are swapped only while the batcher is idle, so the version now is the
+                # one that produced every token of this request (the first and the last).
+                for out in result:
+                    out.weight_version = self.weight_version
                 future.set_result(result)
 
     def _abort_running(self, err: Exception) -> None:

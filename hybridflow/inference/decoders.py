@@ -1,0 +1,45 @@
+"""Choosing the forward implementation the sampler steps: the lean decoder or the model's own.
+
+Lives in ``inference/`` because both the trainer's rollout worker and the serving engine build
+their decoder here; neither should reach into the other's floor for it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hybridflow.inference.generation import Decoder
+from hybridflow.inference.hf_decoder import HFDecoder
+from hybridflow.inference.lean_decoder import LeanDecoder, lean_unsupported_reason, unwrap_peft
+from hybridflow.inference.projections import is_lora_linear, packing_available
+
+DECODERS: tuple[str, ...] = ("auto", "lean", "hf")
+
+
+def build_decoder(
+    model: nn.Module, decoder: str = "auto", weight_format: str = "auto", dtype: torch.dtype | None = None
+) -> Decoder:
+    """The forward implementation for ``model``, computing in ``dtype`` (default: the model's).
+
+    ``decoder``: ``"lean"`` (error if unsupported), ``"hf"``, or ``"auto"`` (lean when the
+    architecture allows). ``weight_format``: ``"shared"``, ``"packed"``, or ``"auto"``
+    (packed where oneDNN supports ``dtype`` on the model's device, where ``dtype`` differs
+    from the model's, or where LoRA adapters must be merged; else shared). A ``peft`` model
+    is unwrapped: its LoRA layers are merged into the packed weights (lean) or run as they are
+    (hf).
+    """
+    if decoder not in DECODERS:
+        raise ValueError(f"unknown decoder {decoder!r}; valid: {', '.join(DECODERS)}")
+    model = unwrap_peft(model)
+    reason = lean_unsupported_reason(model)
+    if decoder == "hf" or (decoder == "auto" and reason is not None):
+        return HFDecoder(model, dtype)
+    if reason is not None:
+        raise ValueError(f"decoder='lean' cannot run this model: {reason}")
+    param = model.get_input_embeddings().weight
+    dtype = param.dtype if dtype is None else dtype
+    if weight_format == "auto":
+        needs_copy = dtype != param.dtype or any(is_lora_linear(m) for m in model.modules())
+        weight_format = "packed" if needs_copy or packing_available(param.device, dtype) else "shared"
+    return LeanDecoder(model, weight_format, dtype)
