@@ -23,12 +23,9 @@ tools with one name.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import os
-import re
-import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +34,7 @@ import yaml
 
 from hybridflow.tools.base import BaseTool, FunctionTool
 from hybridflow.utils.errors import InputError
+from hybridflow.utils.user_code import import_user_file
 
 FUNCTION_TOOL_MODULE_PREFIX = "hybridflow_function_tools"
 
@@ -112,21 +110,10 @@ def load_function_tools(path: str | os.PathLike[str]) -> list[FunctionTool]:
     file = Path(path).expanduser()
     if not file.is_file():
         raise FileNotFoundError(f"function_tool_path: no such file {file}")
-    digest = hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:10]
-    stem = re.sub(r"\W", "_", file.stem)
-    module_name = f"{FUNCTION_TOOL_MODULE_PREFIX}_{stem}_{digest}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(module_name, file)
-        if spec is None or spec.loader is None:
-            raise ToolConfigError(f"function_tool_path: cannot import {file} as a Python module")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            del sys.modules[module_name]
-            raise ToolConfigError(f"function_tool_path: importing {file} failed: {type(exc).__name__}: {exc}") from exc
+    try:
+        module = import_user_file(file, FUNCTION_TOOL_MODULE_PREFIX, "function_tool_path", reuse=True)
+    except ImportError as exc:
+        raise ToolConfigError(str(exc)) from exc
     tools = [value for value in vars(module).values() if isinstance(value, FunctionTool)]
     if not tools:
         raise ToolConfigError(f"function_tool_path: {file} defines no @function_tool functions")

@@ -12,15 +12,13 @@ limit, see ``sandbox.py``), so the file's module-level code never runs in the tr
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib.util
 import os
-import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hybridflow.utils.user_code import import_user_file
 
 MODULE_PREFIX = "hybridflow_custom_reward"
 
@@ -39,18 +37,7 @@ def load_custom_reward_function(
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"custom_reward_function.path: no such file {file}")
-    digest = hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:10]
-    module_name = f"{MODULE_PREFIX}_{_identifier(file.stem)}_{digest}"
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"custom_reward_function.path: cannot import {file} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[module_name]
-        raise ImportError(f"custom_reward_function.path: importing {file} failed: {type(exc).__name__}: {exc}") from exc
+    module = import_user_file(file, MODULE_PREFIX, "custom_reward_function.path")
     if not hasattr(module, name):
         available = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise AttributeError(
@@ -95,7 +82,3 @@ class CustomRewardFunction:
 
     def __str__(self) -> str:
         return f"{self.name!r} from {self.path}"
-
-
-def _identifier(text: str) -> str:
-    return re.sub(r"\W", "_", text)
