@@ -164,21 +164,38 @@ class ValKwargsConfig:
 class MultiTurnConfig:
     """``actor_rollout_ref.rollout.multi_turn``: agent loop with tools."""
 
-    enable: bool = setting(False, "run multi-turn rollouts through the agent loop")
+    enable: bool = setting(
+        False,
+        "generate through the agent loop (training and validation): each row runs its agent_name loop "
+        "(default rollout.agent.default_agent_loop) on the in-process engine; a dataset with an agent_name column turns it on too",
+    )
     max_assistant_turns: int | None = setting(None, "stop after this many assistant turns; null = no limit", ge=1)
     max_user_turns: int | None = setting(None, "stop after this many user/tool turns; null = no limit", ge=1)
-    tool_config_path: str | None = setting(None, "YAML file declaring the tools")
-    interaction_config_path: str | None = setting(None, "YAML file declaring the simulated user interaction")
+    tool_config_path: str | None = setting(None, "YAML file declaring the tools (verl's format)")
+    function_tool_path: str | None = setting(None, "Python file whose @function_tool functions become tools")
+    interaction_config_path: str | None = setting(
+        None, "YAML file declaring the simulated user interaction; not supported yet (must stay null)"
+    )
     max_parallel_calls: int = setting(1, "tool calls executed per assistant turn", ge=1)
     max_tool_response_length: int = setting(256, "characters of a tool response kept", ge=1)
     tool_response_truncate_side: Literal["left", "right", "middle"] = setting(
         "middle", "where an over-long tool response is cut"
     )
     format: str = setting("hermes", "tool-call format in the model's text")
-    use_inference_chat_template: bool = setting(False, "template turns as at inference (may drop reasoning)")
-    tokenization_sanity_check_mode: Literal["strict", "ignore_strippable", "disable"] = setting(
-        "strict", "check incremental tokenization against full re-tokenization"
+    use_inference_chat_template: bool = setting(
+        False, "template turns as at inference (may drop reasoning); not supported (must stay false)"
     )
+    tokenization_sanity_check_mode: Literal["strict", "ignore_strippable", "disable"] = setting(
+        "strict", "the agent loop never re-tokenizes and always checks the template is prefix-stable: only strict"
+    )
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """``actor_rollout_ref.rollout.agent``: which agent loop runs a row."""
+
+    default_agent_loop: str = setting("single_turn_agent", "agent loop of rows without an agent_name column")
+    agent_loop_config_path: str | None = setting(None, "YAML list of user agent loops (name, _target_, kwargs)")
 
 
 @dataclass(frozen=True)
@@ -217,6 +234,7 @@ class RolloutConfig:
     )
     val_kwargs: ValKwargsConfig = section(ValKwargsConfig, "sampling used for validation")
     multi_turn: MultiTurnConfig = section(MultiTurnConfig, "multi-turn / tool-use rollouts")
+    agent: AgentConfig = section(AgentConfig, "agent loops (used with multi_turn.enable or an agent_name column)")
 
 
 @dataclass(frozen=True)

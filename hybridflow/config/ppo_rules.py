@@ -325,10 +325,26 @@ def rule_not_yet(cfg: PPOConfig) -> list[str]:
             "reward_model.enable=true: scoring with a reward model is not implemented yet; score with a rule-based "
             "function (the built-in scorers, or custom_reward_function.path) and set reward_model.enable=false"
         )
-    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if mt.interaction_config_path:
         problems.append(
-            f"{_ARR}.rollout.multi_turn.enable=true: multi-turn / tool-calling rollouts (the agent loop) are not "
-            "implemented yet; set it to false (the other multi_turn keys act only when it is on)"
+            f"{_ARR}.rollout.multi_turn.interaction_config_path: simulated-user interactions are not implemented yet; "
+            "leave it null (tool_agent runs tools only)"
+        )
+    if mt.use_inference_chat_template:
+        problems.append(
+            f"{_ARR}.rollout.multi_turn.use_inference_chat_template=true is not supported: the agent loop keeps the "
+            "model's tokens as sampled and renders only new messages; set it to false"
+        )
+    if mt.tokenization_sanity_check_mode != "strict":
+        problems.append(
+            f"{_ARR}.rollout.multi_turn.tokenization_sanity_check_mode={mt.tokenization_sanity_check_mode}: the agent "
+            "loop never re-tokenizes and always checks that the chat template is prefix-stable; only 'strict' exists"
+        )
+    if mt.enable and cfg.actor_rollout_ref.rollout.name not in ("torch", "agent_loop"):
+        problems.append(
+            f"{_ARR}.rollout.multi_turn.enable=true runs the agent loop on the built-in engine: set "
+            f"{_ARR}.rollout.name to torch or agent_loop (got {cfg.actor_rollout_ref.rollout.name})"
         )
     return problems
 

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 
 from hybridflow import fields as F
 from hybridflow.data.io import DataFileError, read_rows
-from hybridflow.data.schema import ABILITY, PROMPT_KEY, DataRowError, RLRow, validate_rl_row
+from hybridflow.data.schema import ABILITY, AGENT_NAME, PROMPT_KEY, DataRowError, RLRow, validate_rl_row
 
 TRUNCATION_MODES: tuple[str, ...] = ("error", "left", "right", "middle")
 RAW_PROMPT_IDS = "raw_prompt_ids"
@@ -115,6 +115,8 @@ class RLDataset(Dataset):
         kept = _subset(kept, max_samples, seed)
         self._rows: list[RLRow] = [entries[k][2] for k in kept]
         self._ids: list[list[int]] = [token_ids[k] for k in kept]
+        # verl's agent_name column: present on every row (None = the default loop) when any row names one
+        self.has_agent_names = any(row.agent_name is not None for row in self._rows)
 
     def _load_rows(self) -> list[tuple[str, int, RLRow]]:
         entries = []
@@ -179,8 +181,10 @@ class RLDataset(Dataset):
             ABILITY: row.ability,
             INDEX: row.index,
         }
-        if self.return_raw_chat:
+        if self.return_raw_chat or self.has_agent_names:  # agent loops render the messages
             out[F.RAW_PROMPT] = row.messages
+        if self.has_agent_names:
+            out[AGENT_NAME] = row.agent_name
         return out
 
 

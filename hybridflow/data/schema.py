@@ -47,6 +47,10 @@ class RLRow:
     reward_model: dict[str, Any]
     extra_info: dict[str, Any]
     index: int
+    agent_name: str | None = None  # the agent loop that runs this row (verl's agent_name column)
+
+
+AGENT_NAME = "agent_name"
 
 
 def validate_rl_row(row: dict[str, Any], *, file: str, row_index: int, prompt_key: str = PROMPT_KEY) -> RLRow:
@@ -74,7 +78,10 @@ def validate_rl_row(row: dict[str, Any], *, file: str, row_index: int, prompt_ke
     index = extra_info["index"] if extra_info.get("index") is not None else row_index
     if isinstance(index, bool) or not isinstance(index, int):
         raise fail(f"{F.EXTRA_INFO}.index", f"expected an integer, got {index!r}")
-    return RLRow(data_source, messages, ability, reward_model, dict(extra_info), index)
+    agent_name = row.get(AGENT_NAME) if hasattr(row, "get") else None
+    if agent_name is not None and (not isinstance(agent_name, str) or not agent_name):
+        raise fail(AGENT_NAME, f"expected the name of an agent loop (a non-empty string), got {agent_name!r}")
+    return RLRow(data_source, messages, ability, reward_model, dict(extra_info), index, agent_name)
 
 
 def _validate_messages(value: Any, fail) -> list[dict[str, Any]]:

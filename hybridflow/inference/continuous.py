@@ -51,6 +51,7 @@ FINISH_LENGTH = "length"
 _FINISH_DROPPED = "dropped"  # a row of a failed or cancelled request (never reported to a client)
 
 StopCheck = Callable[[Sequence[int]], bool]
+TokenCallback = Callable[[int, int], None]  # (row of the request, token id)
 # What step() reports per request: its n outputs, or the exception that failed it alone.
 Finished = tuple[int, "list[SampleOutput] | Exception"]
 
@@ -63,7 +64,10 @@ class GenRequest:
     asks for the k most likely tokens at every step; ``stop_check(response_ids)`` is asked
     after every token and ends the response when it returns True (e.g. a stop string appeared
     in the decoded text); ``seed`` gives the request its own random generator, so its samples
-    do not depend on which other requests share the batch.
+    do not depend on which other requests share the batch. ``on_token(row, token_id)`` is
+    called on the batcher's thread with each token as soon as it is sampled (``row`` in
+    ``[0, n)`` says which response); it must be quick, and an exception in it fails the
+    request alone. A server streams with it.
     """
 
     prompt_ids: tuple[int, ...]
@@ -71,6 +75,7 @@ class GenRequest:
     top_logprobs: int = 0
     stop_check: StopCheck | None = None
     seed: int | None = None
+    on_token: TokenCallback | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -141,6 +146,7 @@ class _Row:
     request: GenRequest
     generator: torch.Generator | None
     out: SampleOutput = field(default_factory=SampleOutput)
+    index: int = 0  # which of the request's n responses
 
     @property
     def done(self) -> bool:
@@ -285,7 +291,7 @@ class ContinuousBatcher:
                     self.stats.requests_failed += 1
                     failed.append((handle, ValueError(f"seed {request.seed} is not usable: {err}")))
                     continue
-            rows = [_Row(handle, request, generator) for _ in range(request.params.n)]
+            rows = [_Row(handle, request, generator, index=i) for i in range(request.params.n)]
             self._pending[handle] = rows
             live += rows
             admitted = True
@@ -385,6 +391,8 @@ class ContinuousBatcher:
         out.logprobs.append(log_prob)
         out.top_logprobs.append(top)
         self.stats.tokens_generated += 1
+        if request.on_token is not None:
+            request.on_token(row.index, token)
         params = request.params
         if not params.ignore_eos and token in params.stop_token_ids:
             out.finish_reason = FINISH_STOP

@@ -24,14 +24,22 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
+from hybridflow.agent.parsers import ToolParser, get_tool_parser
 from hybridflow.inference.continuous import GenRequest, SampleOutput
 from hybridflow.inference.engine import GenerationEngine, RequestRefused, ShuttingDown
 from hybridflow.inference.sampling import NonFiniteLogitsError, SamplingParams
 from hybridflow.inference.weights import WeightsRejected, folder_under_root
 from hybridflow.server.checks import BadRequest, ServerLimits, check_text
-from hybridflow.server.responses import chat_choice, completion_choice, generate_output, usage
+from hybridflow.server.responses import (
+    chat_choice,
+    chat_message,
+    completion_choice,
+    generate_output,
+    text_and_reason,
+    usage,
+)
 from hybridflow.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -40,7 +48,9 @@ from hybridflow.server.schemas import (
     UpdateWeightsRequest,
 )
 from hybridflow.server.security import BodyTooLarge, RequestGuard, default_allowed_hosts
+from hybridflow.server.streaming import IncrementalText, events, sse, watch_futures, with_callbacks
 from hybridflow.server.text import TextCodec
+from hybridflow.server.tools import calls_as_text, check_tools, describe_tools, template_messages
 
 logger = logging.getLogger("hybridflow.server")
 T = TypeVar("T")
@@ -63,7 +73,8 @@ class ServerState:
     reply when the request gives no limit; ``limits`` caps each request; ``weights_root`` is
     the only folder ``/update_weights_from_disk`` reads from (``None``: the route is off);
     ``allowed_hosts`` / ``api_key`` are checked on every request (see
-    :mod:`hybridflow.server.security`).
+    :mod:`hybridflow.server.security`); ``tool_parser`` reads tool calls out of chat replies
+    when a request offers ``tools`` (``--tool-call-parser``).
     """
 
     engine: GenerationEngine
@@ -77,6 +88,7 @@ class ServerState:
     weights_root: Path | None = None
     allowed_hosts: frozenset[str] = field(default_factory=lambda: default_allowed_hosts("127.0.0.1"))
     api_key: str | None = None
+    tool_parser: ToolParser = field(default_factory=lambda: get_tool_parser("hermes"))
 
 
 def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> JSONResponse:
@@ -183,18 +195,79 @@ async def _run(state: ServerState, request: Request, requests: list[GenRequest])
         if not gathered.done():
             raise ClientDisconnected()
         return list(gathered.result())
-    except RequestRefused as err:  # the batcher refused it (e.g. n above the batch limit)
-        raise BadRequest(str(err)) from err
-    except (ClientDisconnected, NonFiniteLogitsError, ShuttingDown):
+    except ClientDisconnected:
         raise
-    except Exception as err:  # noqa: BLE001 - anything else is ours, not the client's
-        raise GenerationError() from err
+    except Exception as err:  # noqa: BLE001 - worded for the client below
+        raise _client_error(err) from err
     finally:
         watcher.cancel()
         for future in futures:  # the rest of a failed or abandoned call is wasted work
             state.engine.cancel(future)
         if not gathered.done():
             gathered.cancel()
+
+
+def _client_error(err: Exception) -> Exception:
+    """What the client is told about a request that failed in the engine."""
+    if isinstance(err, RequestRefused):  # the batcher refused it (e.g. n above the batch limit)
+        return BadRequest(str(err))
+    if isinstance(err, NonFiniteLogitsError | ShuttingDown):
+        return err
+    return GenerationError()  # anything else is ours, not the client's
+
+
+async def _start_stream(
+    state: ServerState, request: Request, requests: list[GenRequest]
+) -> tuple[list[Future], asyncio.Queue, tuple]:
+    """Submit with token callbacks and wait for the first event (a token, or a request that
+    ended), so that a refused or failed request still gets its error status; a client that
+    leaves meanwhile cancels everything, as in :func:`_run`."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    futures = [state.engine.submit(r) for r in with_callbacks(requests, loop, queue)]
+    watch_futures(futures, loop, queue)
+    first = asyncio.ensure_future(queue.get())
+    watcher = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait({first, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not first.done():
+            raise ClientDisconnected()
+        item = first.result()
+        if item[1] is None and item[2].exception() is not None:
+            err = item[2].exception()
+            raise _client_error(err) from err
+        return futures, queue, item
+    except BaseException:
+        for future in futures:
+            state.engine.cancel(future)
+        raise
+    finally:
+        watcher.cancel()
+        if not first.done():
+            first.cancel()
+
+
+def _stream_error(future: Future) -> str | None:
+    """An SSE error event for a request that failed mid-stream, or None."""
+    err = future.exception()
+    if err is None:
+        return None
+    logger.error("streamed request failed: %s: %s", type(err).__name__, err, exc_info=err)
+    message = str(err) if isinstance(err, NonFiniteLogitsError | ShuttingDown) else "generation failed (internal error)"
+    return sse({"error": {"message": message, "type": "server_error", "param": None, "code": None}})
+
+
+def _streaming_response(state: ServerState, body: Any, futures: list[Future]) -> StreamingResponse:
+    async def guarded() -> Any:
+        try:
+            async for chunk in body:
+                yield chunk
+        finally:  # done, failed, or the client left (Starlette cancels the stream): stop generating
+            for future in futures:
+                state.engine.cancel(future)
+
+    return StreamingResponse(guarded(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
@@ -218,7 +291,7 @@ def _completion_prompts(state: ServerState, body: CompletionRequest) -> list[lis
     return [list(p) for p in prompt]  # type: ignore[union-attr]
 
 
-async def completions(state: ServerState, request: Request, body: CompletionRequest) -> dict:
+async def completions(state: ServerState, request: Request, body: CompletionRequest) -> dict | StreamingResponse:
     _check_common(state, body)
     prompts = await _in_thread(_completion_prompts, state, body)
     stops = body.stop_strings()
@@ -228,6 +301,10 @@ async def completions(state: ServerState, request: Request, body: CompletionRequ
         params = _params(state, body, _budget(state, len(prompt), body.max_tokens, "max_tokens"))
         top = body.logprobs or 0
         requests.append(GenRequest(tuple(prompt), params, top, state.codec.stop_check(stops), body.seed))
+    if body.stream:
+        futures, queue, first = await _start_stream(state, request, requests)
+        chunks = _completion_chunks(state, body, prompts, queue, first, stops)
+        return _streaming_response(state, chunks, futures)
     results = await _run(state, request, requests)
     choices = []
     for outputs in results:
@@ -243,31 +320,137 @@ async def completions(state: ServerState, request: Request, body: CompletionRequ
     }
 
 
+async def _completion_chunks(
+    state: ServerState, body: CompletionRequest, prompts: list[list[int]], queue: asyncio.Queue, first: tuple,
+    stops: list[str],
+) -> Any:
+    """``text_completion`` chunks; choice ``k * n + row`` is response ``row`` of prompt ``k``."""
+    head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": state.model_name}
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    texts = {(k, row): IncrementalText(state.codec, stops) for k in range(len(prompts)) for row in range(body.n)}
+    results: list[list[SampleOutput]] = [[] for _ in prompts]
+
+    def chunk(index: int, text: str, reason: str | None) -> str:
+        extra = {"usage": None} if include_usage else {}
+        return sse({**head, "choices": [{"index": index, "text": text, "finish_reason": reason, "logprobs": None}],
+                    **extra})
+
+    async for k, row, x in events(first, queue, len(prompts)):
+        if row is not None:
+            if delta := texts[k, row].add(x):
+                yield chunk(k * body.n + row, delta, None)
+            continue
+        if (error := _stream_error(x)) is not None:
+            yield error
+            return
+        results[k] = x.result()
+        for i, out in enumerate(results[k]):
+            text, reason = text_and_reason(state.codec, out, stops)
+            yield chunk(k * body.n + i, texts[k, i].finish(text), reason)
+    if include_usage:
+        yield sse({**head, "choices": [], "usage": usage(prompts, results)})
+    yield sse("[DONE]")
+
+
+def _tools_on(body: ChatCompletionRequest) -> bool:
+    """The request offers tools and lets the model call them (``tool_choice`` not ``"none"``)."""
+    return bool(body.tools) and body.tool_choice != "none"
+
+
 def _chat_prompt(state: ServerState, body: ChatCompletionRequest) -> list[int]:
+    """The prompt ids. Tools go to the template; a template that ignores them (the rendering
+    does not change with them) gets them described in the system prompt as the agent loop
+    does, and earlier assistant tool calls written into their turns in the parser's format.
+    With ``tool_choice="none"`` the tools are left out of the prompt."""
     try:
-        messages = [m.template_dict() for m in body.messages]
+        messages = template_messages([m.template_dict() for m in body.messages])
     except ValueError as err:
         raise BadRequest(str(err), "messages") from err
     kwargs = dict(body.chat_template_kwargs or {})
-    if body.tools:
-        kwargs["tools"] = body.tools
+    codec, parser = state.codec, state.tool_parser
     try:
-        return state.codec.chat_prompt_ids(messages, kwargs)
+        if body.tools:
+            kwargs.pop("tools", None)  # the request's own tools win
+            as_text = calls_as_text(messages, parser)
+            with_tools = codec.chat_prompt_ids(as_text, {**kwargs, "tools": body.tools})
+            if with_tools != codec.chat_prompt_ids(as_text, kwargs):  # the template renders tools
+                if _tools_on(body):
+                    return codec.chat_prompt_ids(messages, {**kwargs, "tools": body.tools})
+                return codec.chat_prompt_ids(messages, kwargs)
+            if _tools_on(body):
+                as_text = describe_tools(as_text, body.tools, parser)
+            return codec.chat_prompt_ids(as_text, kwargs)
+        return codec.chat_prompt_ids(messages, kwargs)
+    except NotImplementedError as err:  # a parser that cannot write earlier calls as text
+        raise BadRequest(str(err), "messages") from err
     except ValueError as err:  # TextCodec words template failures for the client
         raise BadRequest(f"could not apply the chat template: {err}", "messages") from err
 
 
-async def chat_completions(state: ServerState, request: Request, body: ChatCompletionRequest) -> dict:
+async def _chat_chunks(
+    state: ServerState, body: ChatCompletionRequest, prompt: list[int], queue: asyncio.Queue, first: tuple,
+    stops: list[str], parser: ToolParser | None,
+) -> Any:
+    """``chat.completion.chunk`` s: a role chunk per choice, content deltas, a last chunk per
+    choice with its finish reason. With tools the reply is held back and sent whole at the end
+    (content, then ``tool_calls``), since a call block is only known once it is closed."""
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": state.model_name}
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def chunk(index: int, delta: dict, reason: str | None = None) -> str:
+        extra = {"usage": None} if include_usage else {}
+        return sse({**head, "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}],
+                    **extra})
+
+    texts = [IncrementalText(state.codec, stops) for _ in range(body.n)]
+    for i in range(body.n):
+        yield chunk(i, {"role": "assistant", "content": ""})
+    async for _, row, x in events(first, queue, 1):
+        if row is not None:
+            if parser is None and (delta := texts[row].add(x)):
+                yield chunk(row, {"content": delta})
+            continue
+        if (error := _stream_error(x)) is not None:
+            yield error
+            return
+        outputs = x.result()
+        for i, out in enumerate(outputs):
+            text, reason = text_and_reason(state.codec, out, stops)
+            if parser is None:
+                if rest := texts[i].finish(text):
+                    yield chunk(i, {"content": rest})
+            else:
+                message, reason = chat_message(text, reason, parser)
+                if message["content"]:
+                    yield chunk(i, {"content": message["content"]})
+                if message.get("tool_calls"):
+                    calls = [{"index": j, **call} for j, call in enumerate(message["tool_calls"])]
+                    yield chunk(i, {"tool_calls": calls})
+            yield chunk(i, {}, reason)
+        if include_usage:
+            yield sse({**head, "choices": [], "usage": usage([prompt], [outputs])})
+    yield sse("[DONE]")
+
+
+async def chat_completions(
+    state: ServerState, request: Request, body: ChatCompletionRequest
+) -> dict | StreamingResponse:
     _check_common(state, body)
+    check_tools(body.tools, body.tool_choice)
+    parser = state.tool_parser if _tools_on(body) else None
     prompt = await _in_thread(_chat_prompt, state, body)
     _check_ids(state, prompt, "messages")
     params = _params(state, body, _budget(state, len(prompt), body.token_limit(), "max_tokens"))
     stops = body.stop_strings()
     top = (body.top_logprobs or 0) if body.logprobs else 0
-    (outputs,) = await _run(
-        state, request, [GenRequest(tuple(prompt), params, top, state.codec.stop_check(stops), body.seed)]
-    )
-    choices = [chat_choice(state.codec, out, i, stops, body.logprobs) for i, out in enumerate(outputs)]
+    gen = GenRequest(tuple(prompt), params, top, state.codec.stop_check(stops), body.seed)
+    if body.stream:
+        futures, queue, first = await _start_stream(state, request, [gen])
+        return _streaming_response(state, _chat_chunks(state, body, prompt, queue, first, stops, parser), futures)
+    (outputs,) = await _run(state, request, [gen])
+    choices = [chat_choice(state.codec, out, i, stops, body.logprobs, parser) for i, out in enumerate(outputs)]
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -376,11 +559,11 @@ def build_app(state: ServerState) -> FastAPI:
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions")
-    async def _completions(request: Request, body: CompletionRequest) -> dict:
+    async def _completions(request: Request, body: CompletionRequest) -> Any:
         return await completions(state, request, body)
 
     @app.post("/v1/chat/completions")
-    async def _chat(request: Request, body: ChatCompletionRequest) -> dict:
+    async def _chat(request: Request, body: ChatCompletionRequest) -> Any:
         return await chat_completions(state, request, body)
 
     @app.post("/generate")

@@ -82,6 +82,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="reply limit when a request gives none (capped by the context)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampler for requests without a seed")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--tool-call-parser", default="hermes",
+                        help="format of tool calls in chat replies when a request offers tools (default hermes: "
+                             "<tool_call>{json}</tool_call>)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow custom model code in the folder")
     security = parser.add_argument_group("access")
     security.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
@@ -118,6 +121,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--shutdown-timeout-s must be >= 0")
     if args.weights_root is not None and not Path(args.weights_root).expanduser().is_dir():
         parser.error(f"--weights-root {args.weights_root!r} is not a folder")
+    from hybridflow.agent.parsers import TOOL_PARSERS
+
+    if args.tool_call_parser not in TOOL_PARSERS:
+        parser.error(f"--tool-call-parser {args.tool_call_parser!r} is unknown; choose from {TOOL_PARSERS.names()}")
     return args
 
 
@@ -166,6 +173,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
     """Load the model and tokenizer and wire the engine (not started yet)."""
     import torch
 
+    from hybridflow.agent.parsers import get_tool_parser
     from hybridflow.models import load_model_and_tokenizer, parse_dtype
     from hybridflow.server.app import ServerState
     from hybridflow.server.checks import ServerLimits
@@ -206,6 +214,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
         weights_root=Path(args.weights_root).expanduser().resolve() if args.weights_root else None,
         allowed_hosts=allowed_hosts,
         api_key=args.api_key,
+        tool_parser=get_tool_parser(args.tool_call_parser),
     )
 
 

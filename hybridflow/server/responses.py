@@ -10,11 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from hybridflow.agent.parsers import ToolParser
 from hybridflow.inference.continuous import FINISH_STOP, SampleOutput
 from hybridflow.server.text import TextCodec, truncate_at_stop
+from hybridflow.server.tools import split_reply
+
+FINISH_TOOL_CALLS = "tool_calls"
 
 
-def _text_and_reason(codec: TextCodec, out: SampleOutput, stops: Sequence[str]) -> tuple[str, str]:
+def text_and_reason(codec: TextCodec, out: SampleOutput, stops: Sequence[str]) -> tuple[str, str]:
     text, cut = truncate_at_stop(codec.decode(out.token_ids), stops)
     return text, FINISH_STOP if cut else str(out.finish_reason)
 
@@ -23,7 +27,7 @@ def completion_choice(
     codec: TextCodec, out: SampleOutput, index: int, stops: Sequence[str], logprobs: int | None
 ) -> dict[str, Any]:
     """A ``text_completion`` choice; ``logprobs`` (k ≥ 0) adds tokens, token_logprobs, top_logprobs, text_offset."""
-    text, reason = _text_and_reason(codec, out, stops)
+    text, reason = text_and_reason(codec, out, stops)
     choice: dict[str, Any] = {"index": index, "text": text, "finish_reason": reason, "logprobs": None}
     if logprobs is not None:
         tokens = codec.token_strings(out.token_ids)
@@ -50,14 +54,27 @@ def _token_entry(token: str, logprob: float) -> dict[str, Any]:
     return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
 
+def chat_message(text: str, reason: str, tool_parser: ToolParser | None) -> tuple[dict[str, Any], str]:
+    """The assistant message of a reply and its finish reason: with ``tool_parser``, readable
+    calls become ``tool_calls`` (finish reason ``"tool_calls"``) and ``content`` is the rest
+    (``None`` if nothing is left)."""
+    content, calls = split_reply(text, tool_parser)
+    if not calls:
+        return {"role": "assistant", "content": text}, reason
+    return {"role": "assistant", "content": content, "tool_calls": calls}, FINISH_TOOL_CALLS
+
+
 def chat_choice(
-    codec: TextCodec, out: SampleOutput, index: int, stops: Sequence[str], logprobs: bool
+    codec: TextCodec, out: SampleOutput, index: int, stops: Sequence[str], logprobs: bool,
+    tool_parser: ToolParser | None = None,
 ) -> dict[str, Any]:
-    """A ``chat.completion`` choice; ``logprobs`` adds ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
-    text, reason = _text_and_reason(codec, out, stops)
+    """A ``chat.completion`` choice; ``logprobs`` adds ``{"content": [{token, logprob, bytes, top_logprobs}]}``;
+    ``tool_parser`` (tools offered, ``tool_choice`` not ``"none"``) turns calls into ``tool_calls``."""
+    text, reason = text_and_reason(codec, out, stops)
+    message, reason = chat_message(text, reason, tool_parser)
     choice: dict[str, Any] = {
         "index": index,
-        "message": {"role": "assistant", "content": text},
+        "message": message,
         "finish_reason": reason,
         "logprobs": None,
     }

@@ -3,7 +3,7 @@
 Field names and defaults are OpenAI's (``max_tokens`` 16 for completions, ``n`` 1,
 ``temperature`` 1, ``top_p`` 1), plus the common open-source extensions ``top_k``,
 ``ignore_eos`` and ``chat_template_kwargs`` (vLLM's names). Parameters we do not implement
-are accepted only at their neutral value (``presence_penalty=0``, ``stream=false``, ...), so
+are accepted only at their neutral value (``presence_penalty=0``, ``echo=false``, ...), so
 a client never silently gets something other than what it asked for. Unknown fields and
 wrong types (``"max_tokens": "ten"``, ``"n": true``) are rejected.
 
@@ -45,6 +45,12 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
+class StreamOptions(_Body):
+    """``stream_options``: ``include_usage`` adds a last chunk with ``usage`` (and ``choices: []``)."""
+
+    include_usage: bool = False
+
+
 class OpenAISampling(_Body):
     """Sampling fields shared by the two OpenAI endpoints."""
 
@@ -58,6 +64,7 @@ class OpenAISampling(_Body):
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     ignore_eos: bool = Field(False, description="extension: keep generating past the end-of-sequence token")
     stream: bool = False
+    stream_options: StreamOptions | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
@@ -67,8 +74,8 @@ class OpenAISampling(_Body):
 
     @model_validator(mode="after")
     def _neutral_unsupported(self) -> OpenAISampling:
-        if self.stream:
-            raise ValueError("stream=true is not supported by this server; send stream=false")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options needs stream=true")
         if self.presence_penalty != 0 or self.frequency_penalty != 0:
             raise ValueError("presence_penalty / frequency_penalty are not supported; leave them at 0")
         if self.logit_bias:
@@ -103,6 +110,8 @@ class CompletionRequest(OpenAISampling):
             raise ValueError("best_of other than n is not supported")
         if isinstance(self.prompt, list) and not self.prompt:
             raise ValueError("prompt is an empty list")
+        if self.stream and self.logprobs is not None:
+            raise ValueError("logprobs with stream=true is not supported; send stream=false for log-probs")
         return self
 
 
@@ -147,11 +156,14 @@ class ChatCompletionRequest(OpenAISampling):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = Field(None, description="'auto' (default) or 'none'")
 
     @model_validator(mode="after")
     def _check_chat_fields(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
+        if self.stream and self.logprobs:
+            raise ValueError("logprobs with stream=true is not supported; send stream=false for log-probs")
         if self.max_tokens is not None and self.max_completion_tokens is not None:
             raise ValueError("give max_tokens or max_completion_tokens, not both")
         return self

@@ -95,7 +95,8 @@ def build_loaders(config: PPOConfig, tokenizer) -> tuple[StatefulDataLoader, Sta
         max_prompt_length=data.max_prompt_length,
         truncation=data.truncation,
         filter_overlong_prompts=data.filter_overlong_prompts,
-        return_raw_chat=data.return_raw_chat,
+        # the agent loops render the chat messages (tool_agent adds tools and tool turns)
+        return_raw_chat=data.return_raw_chat or config.actor_rollout_ref.rollout.multi_turn.enable,
         chat_template_kwargs=dict(data.apply_chat_template_kwargs),
     )
     limits = {"data.train_files": _samples(data.max_samples), "data.val_files": _samples(data.val_max_samples)}

@@ -53,6 +53,8 @@ from hybridflow.trainer.metrics import (
 )
 from hybridflow.workers.reward import reward_fault_metrics
 
+ROLLOUT_METRICS = "rollout_metrics"  # meta_info key: the rollout's metrics until the step collects them
+
 RewardFn = Callable[[DataProto], tuple[torch.Tensor, dict[str, list[Any]]]]
 
 
@@ -224,6 +226,8 @@ class PPOTrainer:
         batch = self.prepare(batch, self.config.actor_rollout_ref.rollout.n, gen_batch)
         with timer.phase("gen"):
             batch = self.generate(batch, gen_batch=gen_batch)
+        for name, value in batch.meta_info.pop(ROLLOUT_METRICS, {}).items():  # agent loops: num_turns/*, ...
+            metrics[name] = value
         if self.baseline_phase is not None:
             with timer.phase("gen_baseline"):
                 batch = self.baseline_phase(batch)
@@ -246,13 +250,22 @@ class PPOTrainer:
         """1: sample one response per row; the step number (and generation batch) seeds the
         sampler (resumable). ``progress_desc``: the rollout shows a progress bar with this title."""
         prompts = batch.pop(batch_keys=[F.INPUT_IDS, F.ATTENTION_MASK, F.POSITION_IDS])
+        # The rows' columns travel too (an agent loop reads raw_prompt, agent_name, tools_kwargs, ...);
+        # the rollout returns them unchanged, so the union below finds them equal.
+        prompts.non_tensor_batch.update(batch.non_tensor_batch)
         prompts.meta_info.update(self._sampling_meta(validate, gen_batch))
         if progress_desc:
             prompts.meta_info["progress_desc"] = progress_desc
         output = self.workers.rollout.generate_sequences(prompts)
         if not self.config.actor_rollout_ref.rollout.calculate_log_probs and F.ROLLOUT_LOG_PROBS in output.batch.keys():
             output.pop(batch_keys=[F.ROLLOUT_LOG_PROBS])  # kept only when asked for (verl's calculate_log_probs)
-        return output.union(batch)
+        # Rollout metrics (agent loops: num_turns/*, tool_call_counts/*, agent_loop/*), one list per
+        # key when several ranks generated; the response_mask stays the rollout's (0 on tool tokens).
+        rollout_metrics = reduce_metrics(output.meta_info.pop("metrics", None) or {})
+        batch = output.union(batch)
+        if rollout_metrics:
+            batch.meta_info[ROLLOUT_METRICS] = rollout_metrics
+        return batch
 
     def keep_varied_groups(
         self, batch: DataProto, more_batches: Iterator[dict[str, Any]] | None, timer: Timer, metrics: dict[str, float]
@@ -313,6 +326,7 @@ class PPOTrainer:
                 F.ATTENTION_MASK: firsts.batch[F.ATTENTION_MASK][:, : firsts.batch[F.PROMPTS].shape[1]],
                 F.POSITION_IDS: firsts.batch[F.POSITION_IDS][:, : firsts.batch[F.PROMPTS].shape[1]],
             },
+            non_tensors=dict(prompts.non_tensor_batch),  # an agent loop reads raw_prompt, agent_name, ...
             meta_info={**self._sampling_meta(False), "do_sample": False},
         )
         greedy = self.workers.rollout.generate_sequences(greedy_in)
@@ -408,12 +422,15 @@ class PPOTrainer:
         sources, prompt_ids, scores, preds, rows = [], [], [], [], []
         keep_rows = bool(trainer_cfg.validation_data_dir) or trainer_cfg.log_val_generations > 0
         started, batches = time.perf_counter(), len(self.val_loader)
+        val_rollout: dict[str, list[float]] = {}
         for start, batch_dict in enumerate(self.val_loader):
             batch = DataProto.from_single_dict(batch_dict)
             batch.non_tensor_batch[F.UID] = np.array([f"val{start}-{i}" for i in range(len(batch))], dtype=object)
             # The rollout draws a bar over the response tokens: a long validation shows progress.
             desc = f"validation {start + 1}/{batches}" if batches > 1 else f"validation ({len(batch)} prompts)"
             batch = self.generate(batch.repeat(vk.n, interleave=True), validate=True, progress_desc=desc)
+            for name, value in batch.meta_info.pop(ROLLOUT_METRICS, {}).items():
+                val_rollout.setdefault(f"val-aux/{name}", []).append(value)
             token_scores, extra = self.val_reward_fn(batch)
             row_scores = token_scores.sum(-1).tolist()
             sources += batch.non_tensor_batch[F.DATA_SOURCE].tolist()
@@ -426,6 +443,7 @@ class PPOTrainer:
         means = [v for k, v in metrics.items() if "/mean@" in k]
         metrics["val-core/mean"] = float(np.mean(means)) if means else float("nan")
         metrics["timing_s/testing"] = time.perf_counter() - started
+        metrics |= reduce_metrics(val_rollout)  # agent loops: val-aux/num_turns/*, ...
         if trainer_cfg.validation_data_dir:
             write_jsonl(Path(trainer_cfg.validation_data_dir) / f"{self.global_steps}.jsonl", rows)
         print_samples(rows, trainer_cfg.log_val_generations)

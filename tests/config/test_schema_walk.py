@@ -25,9 +25,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "hybridflow"
 SCHEMA_FILES = {"ppo.py", "actor_rollout_ref.py", "sft.py", "spec.py", "render.py", "generate.py", "build.py",
                 "coerce.py", "sources.py", "loader.py", "__init__.py", "__main__.py", "errors.py"}
 # Keys that act only while a switch is on that a rule refuses to turn on (``rule_not_yet``).
-GATED = {
-    "actor_rollout_ref.rollout.multi_turn.": "act only with multi_turn.enable, which is refused until the agent loop",
-}
+GATED: dict[str, str] = {}
 
 
 def _names_read() -> set[str]:
@@ -59,11 +57,23 @@ def test_every_key_is_read_or_gated(root):
     assert unread == [], f"keys that no code reads and no rule refuses: {unread}"
 
 
-def test_gated_switches_are_refused_when_on(make_config):
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("actor_rollout_ref.rollout.multi_turn.interaction_config_path=/x.yaml", "interactions are not implemented"),
+        ("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=true", "use_inference_chat_template"),
+        ("actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=disable", "only 'strict'"),
+        ("+actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts=2", "not supported by hybridflow"),
+        ("+actor_rollout_ref.rollout.agent.custom_async_server=x", "not supported by hybridflow"),
+    ],
+)
+def test_multi_turn_keys_not_honoured_are_refused(make_config, override, message):
     from hybridflow.config import ConfigError
 
-    with pytest.raises(ConfigError, match="multi_turn.enable=true"):
-        make_config("actor_rollout_ref.rollout.multi_turn.enable=true")
+    with pytest.raises(ConfigError, match=message):
+        make_config(override)
+    cfg = make_config("actor_rollout_ref.rollout.multi_turn.enable=true")  # the agent loop is on
+    assert cfg.actor_rollout_ref.rollout.multi_turn.enable is True
     assert load_config().actor_rollout_ref.rollout.multi_turn.enable is False
 
 

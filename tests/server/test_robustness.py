@@ -43,7 +43,7 @@ COMPLETION_MUTATIONS: list[tuple[str, Any, bool]] = [
     *[("prompt", v, False) for v in ("a\x00b", "x\ud800", [], [-1], [10**9], [[5], []], [[5]] * 65, None)],
     ("model", "other-model", False),
     ("bogus_field", 1, False),
-    ("stream", True, False),
+    ("stream_options", {"include_usage": True}, False),
 ]
 CHAT_MUTATIONS: list[tuple[str, Any, bool]] = [
     ("messages", [{"role": "user", "content": None}], False),

@@ -49,6 +49,19 @@ class ToolParser(ABC):
     def format_instructions(self, tool_schemas: Sequence[Mapping[str, Any]]) -> str:
         """System-prompt text describing ``tool_schemas`` and how to call them in this format."""
 
+    def split_calls(self, text: str) -> tuple[str, list[ToolCall]]:
+        """For an API reply (``hybridflow serve``): ``text`` without its readable call blocks,
+        and those calls. Unlike :meth:`parse`, nothing else is dropped: unreadable blocks and
+        reasoning stay in the text. With no readable call, the text comes back unchanged.
+        The default uses :meth:`parse` (which may drop more); formats override it."""
+        parsed = self.parse(text)
+        return (parsed.content, parsed.calls) if parsed.calls else (text, [])
+
+    def format_calls(self, calls: Sequence[ToolCall]) -> str:
+        """``calls`` written in this format, as the model would write them (to replay an
+        assistant turn that called tools through a chat template that ignores tool calls)."""
+        raise NotImplementedError(f"the {self.name!r} tool-call format cannot write calls back as text")
+
 
 TOOL_PARSERS: Registry[type[ToolParser]] = Registry("tool parser")
 

@@ -61,6 +61,37 @@ class HermesToolParser(ToolParser):
             content = content[: content.index(CALL_OPEN)]
         return ParsedTurn(content=content.strip(), calls=calls, errors=errors)
 
+    def split_calls(self, text: str) -> tuple[str, list[ToolCall]]:
+        """Readable call blocks outside reasoning spans are taken out; the rest stays as written."""
+        pieces: list[str] = []
+        calls: list[ToolCall] = []
+        for segment, thinking in _segments(text):
+            if thinking:
+                pieces.append(segment)
+                continue
+            at = 0
+            for match in _CALL.finditer(segment):
+                call, _ = _read_call(match.group(1))
+                if call is not None:
+                    pieces.append(segment[at : match.start()])
+                    calls.append(call)
+                    at = match.end()
+            pieces.append(segment[at:])
+        return ("".join(pieces).strip(), calls) if calls else (text, [])
+
+    def format_calls(self, calls: Sequence[ToolCall]) -> str:
+        blocks = []
+        for call in calls:
+            arguments = call.arguments
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments)
+                except json.JSONDecodeError:
+                    pass  # kept as the string it was
+            payload = json.dumps({"name": call.name, "arguments": arguments}, ensure_ascii=False)
+            blocks.append(f"{CALL_OPEN}\n{payload}\n{CALL_CLOSE}")
+        return "\n".join(blocks)
+
     def format_instructions(self, tool_schemas: Sequence[Mapping[str, Any]]) -> str:
         listing = "\n".join(json.dumps(schema, ensure_ascii=False) for schema in tool_schemas)
         return (
@@ -71,6 +102,26 @@ class HermesToolParser(ToolParser):
             f'{CALL_OPEN}\n{{"name": "<tool name>", "arguments": {{"<parameter>": <value>}}}}\n{CALL_CLOSE}\n'
             "The result comes back in the next message. Answer directly once you have what you need."
         )
+
+
+def _segments(text: str) -> list[tuple[str, bool]]:
+    """``text`` cut into (piece, is reasoning) pieces, reasoning as :func:`strip_thinking` sees it."""
+    thinking = [False] * len(text)
+    for match in _THINK.finditer(text):
+        thinking[match.start() : match.end()] = [True] * (match.end() - match.start())
+    stray_ends = [m.end() for m in re.finditer(re.escape(THINK_CLOSE), text) if not thinking[m.start()]]
+    if stray_ends:  # the opening tag was part of the prompt
+        thinking[: stray_ends[-1]] = [True] * stray_ends[-1]
+    opens = [m.start() for m in re.finditer(re.escape(THINK_OPEN), text) if not thinking[m.start()]]
+    if opens:  # still thinking when the turn ended
+        thinking[opens[0] :] = [True] * (len(text) - opens[0])
+    pieces: list[tuple[str, bool]] = []
+    start = 0
+    for i in range(1, len(text) + 1):
+        if i == len(text) or thinking[i] != thinking[start]:
+            pieces.append((text[start:i], thinking[start]))
+            start = i
+    return pieces
 
 
 def _read_call(block: str) -> tuple[ToolCall | None, str]:

@@ -73,7 +73,10 @@ class RolloutWorker(Worker):
             self._sync_source = shared.engine if shared is not None else None
         if rollout_cfg.seed is None:
             rollout_cfg = replace(rollout_cfg, seed=self.seed)
-        rollout_cls = ROLLOUTS.get(rollout_cfg.name)
+        # The built-in sampler comes as its agent-loop form: the plain path unless
+        # multi_turn.enable is on or a batch has an agent_name column.
+        name = "agent_loop" if rollout_cfg.name == "torch" else rollout_cfg.name
+        rollout_cls = ROLLOUTS.get(name)
         self._rollout = rollout_cls(rollout_cfg, module, tokenizer, dtype=compute_dtype)
 
     @property

@@ -1,0 +1,172 @@
+"""``AgentLoopRollout`` (registry name ``"agent_loop"``): generation through the agent loops.
+
+Chosen by ``actor_rollout_ref.rollout.multi_turn.enable=true`` (the rollout worker swaps the
+built-in ``torch`` rollout for this one) or by name. It is a :class:`TorchRollout` whose
+``generate_sequences`` runs each prompt row's agent loop (its ``agent_name`` column, default
+``rollout.agent.default_agent_loop``) instead of one plain generation; a batch with neither
+``multi_turn.enable`` nor an ``agent_name`` column takes the plain path.
+
+The loops talk to an :class:`~hybridflow.inference.client.InProcessClient` on a
+:class:`~hybridflow.inference.engine.GenerationEngine` built on the rollout's module for the
+call and shut down after it, so every call samples from the current weights: the actor's live
+module when colocated, or the copy :meth:`update_weights` refreshed. All rows run
+concurrently on one event loop, so their requests share the engine's forward passes.
+
+Output: verl's fields as collated by :func:`hybridflow.agent.collate.collate_trajectories`
+(``response_mask`` 0 on tool / separator tokens), the agent columns (``__num_turns__``,
+``tool_call_counts``, ``turn_scores``, ``tool_rewards``) and ``meta_info["metrics"]``
+(``num_turns/*``, ``tool_call_counts/*``, ``agent_loop/*``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hybridflow.agent.base import AgentContext, agent_loop_table
+from hybridflow.agent.runner import AGENT_NAME, run_agent_loops
+from hybridflow.config.actor_rollout_ref import RolloutConfig
+from hybridflow.inference.client import InProcessClient
+from hybridflow.inference.engine import GenerationEngine
+from hybridflow.inference.protocol import SamplingParams as ClientSampling
+from hybridflow.protocol import DataProto
+from hybridflow.fields import EXTRA_INFO
+from hybridflow.tools.registry import build_tools
+from hybridflow.workers.rollout.base import ROLLOUTS
+from hybridflow.workers.rollout.torch_rollout import TorchRollout, _compute_dtype, _meta
+
+
+TOOLS_KWARGS = "tools_kwargs"
+
+
+def _run_coroutine(coro: Any) -> Any:
+    """``asyncio.run(coro)``, also from a thread that already runs an event loop (e.g. a Ray actor)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = asyncio.run(coro)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, name="hybridflow-agent-loop")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def _with_tools_kwargs(prompts: DataProto) -> DataProto:
+    """``prompts`` with a ``tools_kwargs`` column taken from ``extra_info["tools_kwargs"]``
+    (where verl's datasets keep it) when the batch has none; the input is not changed."""
+    columns = prompts.non_tensor_batch
+    if TOOLS_KWARGS in columns or EXTRA_INFO not in columns:
+        return prompts
+    values = [info.get(TOOLS_KWARGS) if isinstance(info, dict) else None for info in columns[EXTRA_INFO]]
+    if all(v is None for v in values):
+        return prompts
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return DataProto(batch=prompts.batch, non_tensor_batch={**columns, TOOLS_KWARGS: column},
+                     meta_info=prompts.meta_info)
+
+
+@ROLLOUTS.register("agent_loop")
+class AgentLoopRollout(TorchRollout):
+    """See the module docstring. Arguments as :class:`TorchRollout`."""
+
+    def __init__(
+        self,
+        config: RolloutConfig,
+        model: nn.Module,
+        tokenizer: Any = None,
+        *,
+        dtype: torch.dtype | str | None = None,
+        decoder: str = "auto",
+        weight_format: str = "auto",
+    ) -> None:
+        super().__init__(config, model, tokenizer, dtype=dtype, decoder=decoder, weight_format=weight_format)
+        if tokenizer is None:
+            raise ValueError("the agent_loop rollout needs the model's tokenizer (chat template)")
+        self.engine_decoder = decoder
+        self.engine_dtype = _compute_dtype(dtype)
+        mt, agent = config.multi_turn, config.agent
+        self.enabled = bool(mt.enable)
+        self.tools = build_tools(tool_config_path=mt.tool_config_path, function_tool_path=mt.function_tool_path)
+        self.table = agent_loop_table(
+            agent.agent_loop_config_path,
+            builtin_kwargs={
+                "tool_agent": {
+                    "max_assistant_turns": mt.max_assistant_turns,
+                    "max_user_turns": mt.max_user_turns,
+                    "max_parallel_calls": mt.max_parallel_calls,
+                    "max_tool_response_length": mt.max_tool_response_length,
+                    "tool_response_truncate_side": mt.tool_response_truncate_side,
+                    "format": mt.format,
+                }
+            },
+        )
+        self.default_agent_loop = agent.default_agent_loop
+        self.table.get(self.default_agent_loop)  # an unknown default fails at start-up, listing the loops
+
+    def uses_agent_loop(self, prompts: DataProto) -> bool:
+        """True when this batch goes through the agent loops."""
+        return self.enabled or AGENT_NAME in prompts.non_tensor_batch
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        if not self.uses_agent_loop(prompts):
+            return super().generate_sequences(prompts)
+        meta = dict(prompts.meta_info)
+        params = self.sampling_params(meta)
+        if params.n != 1:
+            raise ValueError(
+                f"the agent loop answers each row once (meta_info['n']={params.n}); repeat the rows instead "
+                "(the trainer does: rollout.n interleaved copies)"
+            )
+        pad = _meta(meta, "pad_token_id", None)
+        pad = self.default_pad if pad is None else int(pad)
+        if pad is None:
+            raise ValueError("no pad token id: pass meta_info['pad_token_id'] or a tokenizer with a pad/eos token")
+        greedy = not params.do_sample or params.temperature == 0
+        sampling = ClientSampling(
+            temperature=0.0 if greedy else params.temperature, top_p=params.top_p, top_k=params.top_k
+        )
+        width = prompts.batch["input_ids"].shape[1] if prompts.batch is not None else 0
+        prompt_length = self.config.prompt_length or width
+        self._check_lengths(width, params.max_new_tokens)
+        seed = int(meta["seed"]) if "seed" in meta else int(self.generator.initial_seed())
+        engine = GenerationEngine(
+            self.model, pad, decoder=self.engine_decoder, dtype=self.engine_dtype,
+            max_rows=max(1, len(prompts)), seed=seed,
+        )
+        stops = () if params.ignore_eos else params.stop_token_ids
+        context = AgentContext(
+            client=InProcessClient(engine, stop_token_ids=stops),
+            tokenizer=self.tokenizer,
+            response_length=params.max_new_tokens,
+            tools=self.tools,
+            chat_template_kwargs=dict(meta.get("chat_template_kwargs") or {}),
+        )
+        rows = _with_tools_kwargs(prompts)
+        engine.start()
+        try:
+            out = _run_coroutine(
+                run_agent_loops(
+                    rows, table=self.table, context=context, sampling=sampling, prompt_length=prompt_length,
+                    pad_token_id=pad, default_agent_loop=self.default_agent_loop,
+                )
+            )
+        finally:
+            engine.shutdown()
+        device = prompts.batch["input_ids"].device if prompts.batch is not None else torch.device("cpu")
+        return out.to(device)
