@@ -52,6 +52,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "reward_other_name.py").write_text("def other(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.0\n")
     (d / "reward_syntax.py").write_text("def compute_score(:\n")
     (d / "reward_exits.py").write_text("import os\nos._exit(7)\n")
+    (d / "tools_missing_class.yaml").write_text("tools:\n  - class_name: hybridflow.tools.calculator.NoSuchTool\n")
     _save_nan_model(d / "nan_model")
     return d
 
@@ -153,6 +154,12 @@ CASES: dict[str, tuple[Callable[[list[str]], int], Callable[[Path], list[str]], 
     "reward file that exits at import": (
         train_main, lambda d: train_args(d, f"custom_reward_function.path={d / 'reward_exits.py'}"),
         ("reward_exits.py", "exit code 7"),
+    ),
+    # tools (agent loop)
+    "tool config naming a missing class": (
+        train_main, lambda d: train_args(d, "actor_rollout_ref.rollout.multi_turn.enable=true",
+                                         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={d / 'tools_missing_class.yaml'}"),
+        ("tools_missing_class.yaml", "NoSuchTool", "hybridflow.tools.calculator"),
     ),
     # checkpoints
     "resume from a folder that is no checkpoint": (

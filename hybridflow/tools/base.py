@@ -14,11 +14,13 @@ and the docstring, so the function is the single source of truth for what the mo
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import copy
 import enum
 import inspect
 import json
 import re
+import threading
 import types
 import typing
 from abc import ABC, abstractmethod
@@ -278,9 +280,40 @@ class FunctionTool(BaseTool):
         if inspect.iscoroutinefunction(self.func):
             result = await typing.cast(Awaitable[Any], self.func(**parameters))
         else:
-            result = await asyncio.to_thread(self.func, **parameters)
+            result = await run_in_daemon_thread(self.func, **parameters)
         text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
         return text, 0.0, {}
+
+
+async def run_in_daemon_thread(func: Callable[..., Any], /, **kwargs: Any) -> Any:
+    """``func(**kwargs)`` in a fresh daemon thread, awaited.
+
+    Unlike ``asyncio.to_thread`` (the loop's default executor), a call that is abandoned (the
+    per-call timeout fired) holds nothing: ``asyncio.run`` joins the default executor's threads
+    when the loop ends, so one hung sync tool would hold the whole step until it returned.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not future.done():  # cancelled by the timeout: nobody is waiting any more
+            (future.set_result if ok else future.set_exception)(value)
+
+    def target() -> None:
+        try:
+            value, ok = context.run(func, **kwargs), True
+        except Exception as exc:  # noqa: BLE001 - handed to the awaiting task
+            value, ok = exc, False
+        except BaseException as exc:  # noqa: BLE001 - sys.exit() in a tool is a failed call, not the step's end
+            value, ok = RuntimeError(f"{type(exc).__name__}: {exc}"), False
+        try:
+            loop.call_soon_threadsafe(settle, ok, value)
+        except RuntimeError:  # the loop is closed: the step ended without this call
+            pass
+
+    threading.Thread(target=target, name=f"hybridflow-tool-{getattr(func, '__name__', 'call')}", daemon=True).start()
+    return await future
 
 
 @overload
