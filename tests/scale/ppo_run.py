@@ -1,12 +1,13 @@
 """One ``main_ppo`` training run in this process, optionally killing a rank, for the scale-out tests.
 
-    python -m tests.scale.ppo_run [--kill-rank R --at-step S] KEY=VALUE ...
+    python -m tests.scale.ppo_run --result-file F [--kill-rank R --at-step S] KEY=VALUE ...
 
 Run from the repository root in a subprocess (the test does): the run starts its own local Ray
 instance and everything it started ends with the process. ``--kill-rank R --at-step S`` sends
-SIGKILL to rank R's process just before training step S, as a crash would. Prints one line
-``PPO_RUN_RESULT {json}`` (Ray logs to stdout too): the ranks' nodes and pids, whether
-``fit()`` finished, else the error's type, rank, method and message.
+SIGKILL to rank R's process just before training step S, as a crash would. Writes a JSON
+object to ``--result-file`` (not stdout: Ray's log monitor writes the workers' output there
+from another thread, and a line of ours could be merged into one of theirs): the ranks' nodes
+and pids, whether ``fit()`` finished, else the error's type, rank, method and message.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from hybridflow.trainer.main_ppo import build_trainer
 
 def main(argv: list[str]) -> dict[str, object]:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--result-file", required=True)
     parser.add_argument("--kill-rank", type=int, default=None)
     parser.add_argument("--at-step", type=int, default=None)
     parser.add_argument("overrides", nargs="*")
@@ -48,8 +50,10 @@ def main(argv: list[str]) -> dict[str, object]:
     finally:
         trainer.tracking.finish()
     result["global_steps"] = trainer.global_steps
+    with open(args.result_file, "w", encoding="utf-8") as f:
+        json.dump(result, f)
     return result
 
 
 if __name__ == "__main__":
-    print("PPO_RUN_RESULT", json.dumps(main(sys.argv[1:])))  # marked: Ray also logs to stdout
+    main(sys.argv[1:])

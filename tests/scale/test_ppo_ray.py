@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -49,13 +50,15 @@ def _overrides(task_dir: Path, run_dir: Path, model_dir: Path) -> list[str]:
 
 def _run(*args: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.scale.ppo_run", *args],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    [line] = [l for l in proc.stdout.splitlines() if l.startswith("PPO_RUN_RESULT ")]
-    return json.loads(line.split(" ", 1)[1])
+    with tempfile.TemporaryDirectory() as tmp:
+        result_file = Path(tmp) / "result.json"
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.scale.ppo_run", "--result-file", str(result_file), *args],
+            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert result_file.is_file(), f"no result written; stdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-2000:]}"
+        return json.loads(result_file.read_text(encoding="utf-8"))
 
 
 def test_grpo_on_two_ranks_survives_a_dead_rank_and_resumes(tiny_task_dir, tiny_model_dir, tmp_path) -> None:
