@@ -310,6 +310,8 @@ class PPOTrainer:
             "seed": seed,
             "validate": validate,
         }
+        if self.config.data.apply_chat_template_kwargs:  # an agent loop renders turns as the dataset did
+            meta["chat_template_kwargs"] = dict(self.config.data.apply_chat_template_kwargs)
         if validate:
             vk = rollout.val_kwargs
             meta |= {"do_sample": vk.do_sample, "temperature": vk.temperature, "top_p": vk.top_p, "top_k": vk.top_k}

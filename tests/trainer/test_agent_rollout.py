@@ -236,6 +236,16 @@ def test_grpo_run_with_tool_agent_trains_and_validates(tiny_task_dir, tiny_model
         return out
 
     monkeypatch.setattr(PPOTrainer, "compute_advantage", record)
+    import hybridflow.workers.rollout.agent_loop as agent_loop_module
+
+    contexts: list[dict] = []
+    real_context = agent_loop_module.AgentContext
+
+    def context(**kwargs):
+        contexts.append(dict(kwargs["chat_template_kwargs"]))
+        return real_context(**kwargs)
+
+    monkeypatch.setattr(agent_loop_module, "AgentContext", context)
     run_dir = tmp_path / "run"
     cfg = load_config(None, tiny_overrides(
         tiny_task_dir, run_dir, tiny_model_dir,
@@ -245,6 +255,7 @@ def test_grpo_run_with_tool_agent_trains_and_validates(tiny_task_dir, tiny_model
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
         "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "data.apply_chat_template_kwargs.enable_thinking=false",
     ))
     trainer = build_trainer(cfg)
     try:
@@ -252,6 +263,8 @@ def test_grpo_run_with_tool_agent_trains_and_validates(tiny_task_dir, tiny_model
     finally:
         trainer.close()
     assert trainer.global_steps == 2 and len(seen) == 2
+    # the loops render tool turns with the dataset's apply_chat_template kwargs (training and validation)
+    assert contexts and all(c == {"enable_thinking": False} for c in contexts)
     assert last["num_turns/mean"] >= 3.0 and last["tool_call_counts/mean"] >= 1.0
     assert "val-aux/num_turns/mean" in last and last["val-aux/num_turns/max"] >= 3.0
     call_len = len(ForcedToolCall(tok).call_ids)
