@@ -57,7 +57,10 @@ async def run_agent_loops(
     names = [str(row.get(AGENT_NAME) or default_agent_loop) for row in rows]
     for name in sorted(set(names)):
         table.get(name)  # ValueError listing the valid names
-    runs = [table.get(name).build(context).run(sampling, **row) for name, row in zip(names, rows, strict=True)]
+    runs = [
+        table.get(name).build(context).run(sampling.for_request(i), **row)  # each row its own random stream
+        for i, (name, row) in enumerate(zip(names, rows, strict=True))
+    ]
     outputs = await asyncio.gather(*runs)
     return collate_trajectories(
         outputs,

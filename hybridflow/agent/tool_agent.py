@@ -122,7 +122,8 @@ class ToolAgentLoop(AgentLoopBase):
             if budget <= 0:
                 return
             started = time.perf_counter()
-            out = await self.client.generate(self.request_id, prompt_ids + state.ids, sampling, budget)
+            turn_sampling = sampling.for_request(state.assistant_turns)  # each turn its own random stream
+            out = await self.client.generate(self.request_id, prompt_ids + state.ids, turn_sampling, budget)
             state.metrics["generate_sequences"] += time.perf_counter() - started
             generated = list(out.token_ids[:budget])
             state.add_model_tokens(generated, out.log_probs[: len(generated)])

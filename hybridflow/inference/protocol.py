@@ -12,8 +12,10 @@ Nothing here imports workers, trainer or server: the protocol sits beside ``engi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol, runtime_checkable
+
+import numpy as np
 
 StopReason = Literal["completed", "length", "aborted"]
 STOP_REASONS: tuple[str, ...] = ("completed", "length", "aborted")
@@ -39,6 +41,15 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k < -1:
             raise ValueError(f"top_k must be -1 (off), 0 (off) or positive, got {self.top_k!r}")
+
+    def for_request(self, *keys: int) -> SamplingParams:
+        """These settings with a seed of their own for one request (a row, a turn), derived from
+        ``seed`` and ``keys``, so a sampled batch repeats exactly whatever order its requests
+        reach the engine in, and no two requests share a random stream. No seed: unchanged."""
+        if self.seed is None:
+            return self
+        state = np.random.SeedSequence([self.seed % 2**64, *keys]).generate_state(2, dtype=np.uint32)
+        return replace(self, seed=(int(state[0]) << 31) ^ int(state[1]))
 
 
 @dataclass(frozen=True)

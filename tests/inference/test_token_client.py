@@ -224,3 +224,17 @@ def test_http_body_maps_the_protocol_sampling():
     body = HttpClient("http://x", stop_token_ids=[3]).body([1, 2], SamplingParams(0.7, 0.9, 5, seed=4), 9)
     assert body == {"input_ids": [1, 2], "sampling_params": {
         "max_new_tokens": 9, "temperature": 0.7, "top_p": 0.9, "top_k": 5, "n": 1, "stop_token_ids": [3], "seed": 4}}
+
+
+def test_for_request_gives_each_request_its_own_reproducible_seed():
+    from hybridflow.inference.protocol import SamplingParams
+
+    base = SamplingParams(temperature=1.0, seed=7)
+    assert base.for_request(3).seed == base.for_request(3).seed  # reproducible
+    seeds = {base.for_request(i, t).seed for i in range(20) for t in range(5)}
+    assert len(seeds) == 100  # no two (row, turn) pairs share a stream
+    assert all(0 <= s < 2**63 for s in seeds)
+    assert SamplingParams(seed=8).for_request(3).seed != base.for_request(3).seed
+    assert base.for_request(1).temperature == 1.0
+    unseeded = SamplingParams(temperature=0.5)
+    assert unseeded.for_request(4) is unseeded

@@ -81,6 +81,21 @@ def test_single_turn_agent_equals_the_torch_rollout_under_greedy(model, tokenize
     assert agent.meta_info["metrics"]["num_turns/mean"] == 2.0
 
 
+def test_sampled_agent_rollouts_repeat_exactly_for_the_same_seed(model, tokenizer):
+    cfg = replace(_config(), do_sample=True, temperature=1.0)
+
+    def run(seed: int) -> DataProto:
+        prompts = _prompts(tokenizer, questions=[QUESTIONS[0]] * 4)  # one prompt, four samples
+        prompts.meta_info["seed"] = seed
+        return AgentLoopRollout(cfg, model, tokenizer).generate_sequences(prompts)
+
+    first, again, other = run(11), run(11), run(12)
+    assert torch.equal(first.batch[F.RESPONSES], again.batch[F.RESPONSES])
+    assert not torch.equal(first.batch[F.RESPONSES], other.batch[F.RESPONSES])
+    rows = {tuple(r.tolist()) for r in first.batch[F.RESPONSES]}
+    assert len(rows) > 1  # the four copies of one prompt draw from different streams
+
+
 def test_plain_path_when_multi_turn_is_off_and_no_agent_name(model, tokenizer):
     cfg = replace(_config(), multi_turn=MultiTurnConfig())
     out = AgentLoopRollout(cfg, model, tokenizer).generate_sequences(_prompts(tokenizer))

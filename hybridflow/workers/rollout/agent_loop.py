@@ -138,13 +138,13 @@ class AgentLoopRollout(TorchRollout):
         if pad is None:
             raise ValueError("no pad token id: pass meta_info['pad_token_id'] or a tokenizer with a pad/eos token")
         greedy = not params.do_sample or params.temperature == 0
-        sampling = ClientSampling(
-            temperature=0.0 if greedy else params.temperature, top_p=params.top_p, top_k=params.top_k
-        )
         width = prompts.batch["input_ids"].shape[1] if prompts.batch is not None else 0
         prompt_length = self.config.prompt_length or width
         self._check_lengths(width, params.max_new_tokens)
         seed = int(meta["seed"]) if "seed" in meta else int(self.generator.initial_seed())
+        sampling = ClientSampling(  # seeded: row i, turn t sample from seed (step seed, i, t)
+            temperature=0.0 if greedy else params.temperature, top_p=params.top_p, top_k=params.top_k, seed=seed,
+        )
         engine = GenerationEngine(
             self.model, pad, decoder=self.engine_decoder, dtype=self.engine_dtype,
             max_rows=max(1, len(prompts)), seed=seed,
