@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from hybridflow.agent.parsers import ToolParser, get_tool_parser
@@ -32,6 +31,7 @@ from hybridflow.inference.engine import GenerationEngine, RequestRefused, Shutti
 from hybridflow.inference.sampling import NonFiniteLogitsError, SamplingParams
 from hybridflow.inference.weights import WeightsRejected, folder_under_root
 from hybridflow.server.checks import BadRequest, ServerLimits, check_text
+from hybridflow.server.errors import ClientDisconnected, GenerationError, error_response, install_error_handlers
 from hybridflow.server.responses import (
     chat_choice,
     chat_message,
@@ -47,21 +47,13 @@ from hybridflow.server.schemas import (
     OpenAISampling,
     UpdateWeightsRequest,
 )
-from hybridflow.server.security import BodyTooLarge, RequestGuard, default_allowed_hosts
+from hybridflow.server.security import RequestGuard, default_allowed_hosts
 from hybridflow.server.streaming import IncrementalText, events, sse, watch_futures, with_callbacks
 from hybridflow.server.text import TextCodec
 from hybridflow.server.tools import calls_as_text, check_tools, describe_tools, template_messages
 
 logger = logging.getLogger("hybridflow.server")
 T = TypeVar("T")
-
-
-class ClientDisconnected(Exception):
-    """The client closed the connection before its answer was ready."""
-
-
-class GenerationError(Exception):
-    """A request failed inside the engine for a reason the client cannot fix (logged, not shown)."""
 
 
 @dataclass
@@ -89,29 +81,6 @@ class ServerState:
     allowed_hosts: frozenset[str] = field(default_factory=lambda: default_allowed_hosts("127.0.0.1"))
     api_key: str | None = None
     tool_parser: ToolParser = field(default_factory=lambda: get_tool_parser("hermes"))
-
-
-def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse(
-        status_code=status, content={"error": {"message": message, "type": kind, "param": param, "code": None}}
-    )
-
-
-def _internal_error(err: BaseException, what: str) -> JSONResponse:
-    """A 500 that names no internals; the log line with the same id has the traceback."""
-    ref = uuid.uuid4().hex[:12]
-    logger.error("%s [error id %s]: %s: %s", what, ref, type(err).__name__, err, exc_info=err)
-    return _error(500, f"{what} (internal error, id {ref}; the server log has the details)", kind="server_error")
-
-
-def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
-    parts, param = [], None
-    for item in err.errors():
-        loc = ".".join(str(p) for p in item["loc"] if p != "body")
-        param = param or loc or None
-        message = str(item["msg"]).removeprefix("Value error, ")
-        parts.append(f"{loc}: {message}" if loc else message)
-    return "; ".join(parts) or "invalid request body", param
 
 
 # ---- request → GenRequests ------------------------------------------------------------------
@@ -482,7 +451,7 @@ async def generate(state: ServerState, request: Request, body: GenerateRequest) 
 async def update_weights(state: ServerState, body: UpdateWeightsRequest) -> dict | JSONResponse:
     """Reload weights from a folder inside the weights root, once the running requests are done."""
     if state.weights_root is None:
-        return _error(403, "weight updates are off: start the server with --weights-root DIR to allow loading "
+        return error_response(403, "weight updates are off: start the server with --weights-root DIR to allow loading "
                       "weights from folders inside DIR", "model_path")
     check_text(body.model_dump())
     try:
@@ -507,39 +476,7 @@ def build_app(state: ServerState) -> FastAPI:
     app.add_middleware(RequestGuard, allowed_hosts=state.allowed_hosts, api_key=state.api_key,
                        max_body_bytes=state.limits.max_body_bytes)
 
-    @app.exception_handler(RequestValidationError)
-    async def _on_invalid(request: Request, err: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(err)
-        return _error(400, message, param)
-
-    @app.exception_handler(BadRequest)
-    async def _on_bad(request: Request, err: BadRequest) -> JSONResponse:
-        return _error(400, str(err), err.param)
-
-    @app.exception_handler(BodyTooLarge)
-    async def _on_too_large(request: Request, err: BodyTooLarge) -> JSONResponse:
-        return _error(413, str(err))
-
-    @app.exception_handler(ClientDisconnected)
-    async def _on_gone(request: Request, err: ClientDisconnected) -> JSONResponse:
-        return _error(499, "the client closed the connection; its generation was cancelled")
-
-    @app.exception_handler(GenerationError)
-    async def _on_generation_error(request: Request, err: GenerationError) -> JSONResponse:
-        return _internal_error(err.__cause__ or err, "generation failed")
-
-    @app.exception_handler(ShuttingDown)
-    async def _on_shutdown(request: Request, err: ShuttingDown) -> JSONResponse:
-        return _error(503, str(err), kind="server_error")
-
-    @app.exception_handler(NonFiniteLogitsError)
-    async def _on_broken_model(request: Request, err: NonFiniteLogitsError) -> JSONResponse:
-        logger.error("%s", err)
-        return _error(500, str(err), kind="server_error")
-
-    @app.exception_handler(Exception)
-    async def _on_crash(request: Request, err: Exception) -> JSONResponse:
-        return _internal_error(err, f"{request.url.path} failed")
+    install_error_handlers(app)
 
     @app.get("/health")
     async def health() -> JSONResponse:
