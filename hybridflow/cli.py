@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("hybridflow.trainer.main_merge", "checkpoint → Hugging Face folder (merge), or compare with a reference (test)"),
     "generate": ("hybridflow.trainer.main_generation", "sample N responses per prompt of a parquet/jsonl file (resumable)"),
     "serve": ("hybridflow.server.main", "OpenAI-compatible HTTP server over the built-in sampler (continuous batching)"),
+    "sandbox": ("hybridflow.sandbox.__main__", "local code-execution sandbox service (Sandbox Fusion's /run_code)"),
 }
 
 

@@ -75,7 +75,9 @@ def agent_loop_metrics(outputs: Sequence[AgentLoopOutput]) -> dict[str, float]:
     """Batch metrics under verl's names: ``num_turns/*``, ``tool_call_counts/*``,
     ``agent_loop/generate_sequences/*`` and ``agent_loop/tool_calls/*`` (seconds),
     ``agent_loop/slowest/*`` (the trajectory with the most generate + tool time), plus
-    ``agent_loop/{tool_errors,tool_parse_errors,dropped_tool_turns}/*`` counters."""
+    ``agent_loop/{tool_errors,tool_parse_errors,dropped_tool_turns}/*`` counters and
+    ``agent_loop/tool_call_validity``: of the calls the batch attempted (calls run + blocks that
+    could not be read), the fraction that ran without error (absent when nothing was attempted)."""
     if not outputs:
         return {}
     turns = np.array([o.num_turns for o in outputs], dtype=np.float64)
@@ -92,6 +94,10 @@ def agent_loop_metrics(outputs: Sequence[AgentLoopOutput]) -> dict[str, float]:
     for key in ("tool_errors", "tool_parse_errors", "dropped_tool_turns"):
         values = np.array([o.metrics.get(key, 0.0) for o in outputs], dtype=np.float64)
         metrics |= _stats(f"agent_loop/{key}", values)
+    errors = sum(o.metrics.get("tool_errors", 0.0) for o in outputs)
+    attempted = calls.sum() + sum(o.metrics.get("tool_parse_errors", 0.0) for o in outputs)
+    if attempted > 0:
+        metrics["agent_loop/tool_call_validity"] = float((calls.sum() - errors) / attempted)
     return metrics
 
 

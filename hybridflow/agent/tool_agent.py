@@ -26,7 +26,7 @@ from typing import Any
 
 from hybridflow.agent.base import AGENT_LOOPS, AgentContext, AgentLoopBase, AgentLoopOutput, row_messages
 from hybridflow.agent.parsers import ParsedTurn, get_tool_parser
-from hybridflow.agent.tokens import IncrementalRenderer
+from hybridflow.agent.tokens import IncrementalRenderer, template_facts
 from hybridflow.inference.protocol import SamplingParams
 from hybridflow.tools.calls import ToolCallResult, ToolSession, truncate_tool_text
 
@@ -40,6 +40,23 @@ def with_tool_instructions(messages: Sequence[dict[str, Any]], instructions: str
         out[0]["content"] = f"{out[0]['content']}\n\n{instructions}" if out[0]["content"] else instructions
         return out
     return [{"role": "system", "content": instructions}, *out]
+
+
+def tool_prompt_messages(
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    tool_schemas: Sequence[dict[str, Any]],
+    *,
+    format: str = "hermes",
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """The messages the tool agent renders with ``tool_schemas``: as given when the chat
+    template renders ``tools`` itself, else with the tools and the ``format``'s call syntax
+    described in the system message. SFT on tool conversations uses it too, so a warm-started
+    model sees the same prompt tokens in RL."""
+    if not tool_schemas or template_facts(tokenizer, tool_schemas, chat_template_kwargs).uses_tools:
+        return [dict(m) for m in messages]
+    return with_tool_instructions(messages, get_tool_parser(format).format_instructions(tool_schemas))
 
 
 @AGENT_LOOPS.register("tool_agent")
@@ -75,14 +92,16 @@ class ToolAgentLoop(AgentLoopBase):
         self.tool_response_truncate_side = tool_response_truncate_side
         self.tool_timeout_s = tool_timeout_s
         self.parser = get_tool_parser(format)
+        self.format = format
         self.tools = dict(context.tools)
         self.tool_schemas = [tool.schema for tool in self.tools.values()]
 
     async def run(self, sampling: SamplingParams, **row: Any) -> AgentLoopOutput:
         messages = row_messages(row, "tool_agent")
         renderer = IncrementalRenderer(self.tokenizer, self.tool_schemas or None, self.context.chat_template_kwargs)
-        if self.tool_schemas and not renderer.uses_tools:
-            messages = with_tool_instructions(messages, self.parser.format_instructions(self.tool_schemas))
+        messages = tool_prompt_messages(
+            self.tokenizer, messages, self.tool_schemas, format=self.format, chat_template_kwargs=self.context.chat_template_kwargs
+        )
         prompt_ids = renderer.prompt_ids(messages)
         session = ToolSession(
             self.tools,

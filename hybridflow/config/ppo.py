@@ -113,6 +113,28 @@ class OverlongBufferConfig:
 
 
 @dataclass(frozen=True)
+class SandboxFusionConfig:
+    """``reward_model.sandbox_fusion``: a Sandbox Fusion ``/run_code`` service for code rewards."""
+
+    url: str | None = setting(
+        None, "service URL (`hybridflow sandbox` or Sandbox Fusion); null = the local sandbox in the scorer processes"
+    )
+    max_concurrent: int = setting(64, "programs in flight at once per scorer process", ge=1)
+    memory_limit_mb: int = setting(1024, "memory cap of one program (MiB)", ge=32)
+
+
+@dataclass(frozen=True)
+class CodeRewardConfig:
+    """``reward_model.code``: how the code scorer runs test cases (docs/rewards.md, Code)."""
+
+    timeout_s: float = setting(5.0, "wall-clock limit of one test case (s)", gt=0)
+    all_or_nothing: bool = setting(False, "score 1 only when every test passes (false: the fraction passed)")
+    allow_weak_isolation: bool = setting(
+        False, "run code in the local sandbox even without bubblewrap (process limits only; see docs/sandbox.md)"
+    )
+
+
+@dataclass(frozen=True)
 class RewardModelConfig:
     """``reward_model``: how responses are scored."""
 
@@ -126,6 +148,8 @@ class RewardModelConfig:
         4096, "address space (MiB) each scorer process may add to what it starts with (RLIMIT_AS); 0 = no cap", ge=0
     )
     overlong_buffer: OverlongBufferConfig = section(OverlongBufferConfig, "DAPO overlong penalty")
+    sandbox_fusion: SandboxFusionConfig = section(SandboxFusionConfig, "remote code-execution service")
+    code: CodeRewardConfig = section(CodeRewardConfig, "code rewards: test cases in the sandbox")
 
 
 @dataclass(frozen=True)

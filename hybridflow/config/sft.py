@@ -24,6 +24,14 @@ class SFTMultiTurnConfig:
 
     enable: bool = setting(False, "read conversations from messages_key; the loss covers every assistant turn")
     messages_key: str = setting("messages", "column holding the list of {role, content} chat messages")
+    tools_key: str | None = setting(
+        "tools", "column holding a row's tool schemas (OpenAI function schemas; absent or null = no tools); null = never read"
+    )
+    format: str = setting(
+        "hermes",
+        "tool-call format used to describe the tools in the system message when the chat template "
+        "ignores tools (as actor_rollout_ref.rollout.multi_turn.format)",
+    )
 
 
 @dataclass(frozen=True)

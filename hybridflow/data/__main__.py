@@ -1,6 +1,7 @@
 """``python -m hybridflow.data TASK --out DIR [options]``: write a built-in task's files.
 
-Writes ``DIR/train.parquet``, ``DIR/test.parquet`` and the same rows as ``.jsonl``.
+Writes ``DIR/train.parquet``, ``DIR/test.parquet`` and the same rows as ``.jsonl``, plus any
+files of the task's own (``tool-lookup`` adds an SFT split and a ``tools.yaml``).
 ``hybridflow data ...`` is the same command.
 """
 
@@ -8,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from hybridflow.data.tasks import TASKS, write_task
-from hybridflow.utils.errors import debug_enabled, one_paragraph
+from hybridflow.utils.errors import InputError, debug_enabled, one_paragraph
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,9 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        train_rows, test_rows = TASKS.get(args.task).build(args)
+        spec = TASKS.get(args.task)
+        train_rows, test_rows = spec.build(args)
         paths = write_task(train_rows, test_rows, args.out)
-    except (ValueError, FileNotFoundError) as exc:  # bad sizes or settings of the task
+        if spec.write_extra is not None:
+            paths += spec.write_extra(args, Path(args.out).expanduser())
+    except (ValueError, FileNotFoundError, InputError) as exc:  # bad sizes, settings or source rows
         if debug_enabled():
             raise
         print(f"hybridflow data {args.task}: error: {one_paragraph(exc)}", file=sys.stderr)

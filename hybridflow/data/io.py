@@ -54,6 +54,18 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     return _read_jsonl(Path(path))
 
 
+def read_column(path: str | os.PathLike, column: str) -> list[Any]:
+    """One column of a row file (None where a row lacks it); parquet reads only that column."""
+    if file_format(path) == "parquet" and Path(path).is_file():
+        try:
+            if column not in pq.read_schema(path).names:
+                return []
+            return pq.read_table(path, columns=[column]).column(column).to_pylist()
+        except (pa.ArrowException, OSError) as exc:
+            raise DataFileError(f"{path}: not a readable parquet file: {exc}") from exc
+    return [row.get(column) for row in read_rows(path)]
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with path.open("rb") as fh:

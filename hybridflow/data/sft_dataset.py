@@ -6,7 +6,11 @@ Rows (parquet or JSON lines) come in one of two shapes:
 * single turn: ``{prompt_key: str | [messages], response_key: str, ...}`` — a string prompt is
   one user message; a list of ``{role, content}`` messages is used as is (few-shot assistant
   turns inside it are context, not trained on); the response becomes the final assistant turn;
-* multi-turn: ``{messages_key: [messages]}`` — every assistant turn is trained on.
+* multi-turn: ``{messages_key: [messages]}`` — every assistant turn is trained on. With
+  ``tools_key``, a row's tool schemas (a list of OpenAI function schemas, or that list as a JSON
+  string; null = no tools) go to the template as ``tools=``, and ``tool_prompt`` (given by the
+  SFT trainer: the tool agent's rule) may first describe them in the system message, so a
+  conversation is rendered exactly as the agent loop renders it at RL time.
 
 How the loss mask is built (:func:`tokenize_conversation`): the conversation is rendered with
 the tokenizer's chat template one message at a time. For an assistant message at index k the
@@ -24,8 +28,9 @@ turns (e.g. one that strips past reasoning) is reported instead of silently mis-
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -38,6 +43,8 @@ from hybridflow.data.schema import DataRowError
 from hybridflow.utils.errors import InputError
 
 LOSS_MASK = "loss_mask"
+ToolPrompt = Callable[[list[dict[str, Any]], list[dict[str, Any]]], list[dict[str, Any]]]
+"""``(messages, tool schemas) → messages`` to render (e.g. with the tools described in the system message)."""
 SFT_TRUNCATION_MODES: tuple[str, ...] = ("error", "left", "right")
 ASSISTANT = "assistant"
 
@@ -69,14 +76,18 @@ def tokenize_conversation(
     messages: list[dict[str, Any]],
     first_trained: int = 0,
     chat_template_kwargs: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[list[int], list[int]]:
     """``(input_ids, loss_mask)`` of a chat-templated conversation (rules: module docstring).
 
-    Only assistant messages at index ≥ ``first_trained`` get loss. Raises
+    Only assistant messages at index ≥ ``first_trained`` get loss; ``tools`` go to every
+    rendering as the template's ``tools`` argument. Raises
     :class:`ChatTemplateError` when the template renders a prefix that a later render does not
     extend, or when an assistant message comes first (there is no prompt to generate it from).
     """
     kwargs = dict(chat_template_kwargs or {})
+    if tools:
+        kwargs["tools"] = tools
     ids: list[int] = []
     mask: list[int] = []
     rendered = ""
@@ -160,6 +171,9 @@ class SFTDataset(Dataset):
         tokenizer: a Hugging Face tokenizer with a chat template.
         prompt_key / response_key: columns of single-turn rows.
         messages_key: set to read multi-turn rows from this column instead.
+        tools_key: with ``messages_key``, the column of each row's tool schemas (absent or null:
+            no tools).
+        tool_prompt: applied to a row's messages when it has tools (see the module docstring).
         max_length: examples are right-padded to exactly this many tokens.
         truncation: a longer example raises (``error``, at construction, naming file and row) or
             keeps its last (``left``) / first (``right``) ``max_length`` tokens.
@@ -177,6 +191,8 @@ class SFTDataset(Dataset):
         prompt_key: str = "prompt",
         response_key: str = "response",
         messages_key: str | None = None,
+        tools_key: str | None = None,
+        tool_prompt: ToolPrompt | None = None,
         max_length: int = 1024,
         truncation: str = "error",
         chat_template_kwargs: dict[str, Any] | None = None,
@@ -193,6 +209,7 @@ class SFTDataset(Dataset):
         self.files = _as_file_list(files)
         self.tokenizer = tokenizer
         self.prompt_key, self.response_key, self.messages_key = prompt_key, response_key, messages_key
+        self.tools_key, self.tool_prompt = tools_key, tool_prompt
         self.max_length = max_length
         self.truncation = truncation
         self.pad_token_id = int(pad)
@@ -204,6 +221,21 @@ class SFTDataset(Dataset):
                 self._examples.append(self._example(row, file, i))
         if not self._examples:
             raise DataFileError(f"no rows in {', '.join(self.files)}")
+
+    def _tools(self, row: dict[str, Any], file: str, index: int) -> list[dict[str, Any]] | None:
+        """The row's tool schemas, or None."""
+        if self.messages_key is None or self.tools_key is None or row.get(self.tools_key) is None:
+            return None
+        value = row[self.tools_key]
+        fail = partial(DataRowError, file, index, self.tools_key)
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise fail(f"not valid JSON ({exc.msg})") from None
+        if not isinstance(value, (list, tuple)) or not all(isinstance(t, dict) for t in value):
+            raise fail(f"expected a list of tool schemas (JSON objects), got {value!r:.80}")
+        return [_drop_nulls(t) for t in value] or None
 
     def _conversation(self, row: dict[str, Any], file: str, index: int) -> tuple[list[dict[str, Any]], int, str]:
         """``(messages, first_trained, field)`` of one row."""
@@ -233,8 +265,13 @@ class SFTDataset(Dataset):
 
     def _example(self, row: dict[str, Any], file: str, index: int) -> tuple[list[int], list[int]]:
         messages, first_trained, field = self._conversation(row, file, index)
+        tools = self._tools(row, file, index)
+        if tools and self.tool_prompt is not None:
+            before = len(messages)
+            messages = self.tool_prompt(messages, tools)
+            first_trained += len(messages) - before  # a system message may have been added
         try:
-            ids, mask = tokenize_conversation(self.tokenizer, messages, first_trained, self._kwargs)
+            ids, mask = tokenize_conversation(self.tokenizer, messages, first_trained, self._kwargs, tools)
         except ChatTemplateError as err:
             raise DataRowError(file, index, field, str(err)) from None
         if len(ids) > self.max_length:
@@ -265,6 +302,15 @@ class SFTDataset(Dataset):
         """The unpadded ``(input_ids, loss_mask)`` of example ``item``."""
         ids, mask = self._examples[item]
         return list(ids), list(mask)
+
+
+def _drop_nulls(value: Any) -> Any:
+    """``value`` without the None entries parquet adds for keys a struct row lacks."""
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
 
 
 def _as_file_list(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:

@@ -21,6 +21,7 @@ from hybridflow.config.build import to_dict
 from hybridflow.config.sources import hydra_config_file
 from hybridflow.controller import ClassWithInitArgs, ResourcePool, colocated_class, create_worker_group
 from hybridflow.data import RLDataset, StatefulDataLoader
+from hybridflow.data.io import read_column
 from hybridflow.data.tasks import TASKS
 from hybridflow.models import load_tokenizer, resolve_model_path
 from hybridflow.tracking import Tracking
@@ -28,7 +29,10 @@ from hybridflow.trainer.plot import plot_run
 from hybridflow.trainer.ppo_trainer import PPOTrainer, WorkerGroups
 from hybridflow.workers.critic import CriticWorker
 from hybridflow.workers.placement import actor_rollout_ref_roles
+from hybridflow.sandbox.isolation import require_isolation
 from hybridflow.workers.reward import CustomRewardFunction, build_reward_manager
+from hybridflow.workers.reward.scores import CODE_SOURCES
+from hybridflow.workers.reward.scores.code import CodeSandboxSpec
 from hybridflow.workers.rollout.worker import RolloutWorker
 from hybridflow.utils.allocator import keep_freed_memory
 from hybridflow.utils.errors import run_main
@@ -121,6 +125,23 @@ def _samples(max_samples: int) -> int | None:
     return None if max_samples < 0 else max_samples
 
 
+def code_sandbox_spec(config: PPOConfig) -> CodeSandboxSpec:
+    """Where code rewards run their tests. With the local sandbox (no ``sandbox_fusion.url``) and
+    code rows in the data, weak isolation is refused here, at start-up, unless allowed."""
+    rm = config.reward_model
+    spec = CodeSandboxSpec(
+        url=rm.sandbox_fusion.url, max_concurrent=rm.sandbox_fusion.max_concurrent,
+        memory_limit_mb=rm.sandbox_fusion.memory_limit_mb, timeout_s=rm.code.timeout_s,
+        all_or_nothing=rm.code.all_or_nothing, allow_weak_isolation=rm.code.allow_weak_isolation,
+    )
+    if spec.url is None and config.custom_reward_function.path is None:
+        files = [*config.data.train_files, *config.data.val_files]
+        sources = {s for f in files for s in read_column(os.path.expanduser(f), config.data.reward_fn_key)}
+        if sources & set(CODE_SOURCES):
+            require_isolation(spec.allow_weak_isolation, "the code reward (reward_model.code.allow_weak_isolation)")
+    return spec
+
+
 def build_reward_fns(config: PPOConfig, tokenizer):
     """The training and validation reward managers: one object, as both use the same scorer and
     settings, so the run keeps one set of scoring processes (see ``ScorerPool``). A custom
@@ -141,6 +162,7 @@ def build_reward_fns(config: PPOConfig, tokenizer):
         )
     if rm.num_workers is not None:  # null: each manager's own default
         extra["num_workers"] = rm.num_workers
+    extra["code_sandbox"] = code_sandbox_spec(config)
     kwargs = dict(
         compute_score=compute_score, reward_fn_key=config.data.reward_fn_key, timeout_s=rm.timeout_s,
         memory_limit_mb=rm.memory_limit_mb, **extra,
@@ -217,7 +239,7 @@ def run(config: PPOConfig) -> dict[str, float]:
     finally:
         trainer.close()
     png = plot_run(trainer.run_dir)
-    print(f"run folder: {trainer.run_dir} (metrics.jsonl, curves.png {png.name}, checkpoints)")
+    print(f"run folder: {trainer.run_dir} (metrics.jsonl, {png.name}, checkpoints)")
     return metrics
 
 

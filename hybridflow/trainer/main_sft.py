@@ -14,10 +14,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
 
+from hybridflow.agent.parsers import get_tool_parser
+from hybridflow.agent.tool_agent import tool_prompt_messages
 from hybridflow.config import ConfigError, SFTConfig, load_sft_config
 from hybridflow.config.build import to_dict
 from hybridflow.data import StatefulDataLoader
@@ -36,10 +39,17 @@ from hybridflow.utils.allocator import keep_freed_memory
 def build_sft_loaders(config: SFTConfig, tokenizer) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
     """Training loader (train_batch_size, resumable) and validation loader (micro_batch_size_per_gpu)."""
     data = config.data
+    if data.multiturn.enable:
+        get_tool_parser(data.multiturn.format)  # an unknown format fails here, not at the first row with tools
     common = dict(
         prompt_key=data.prompt_key,
         response_key=data.response_key,
         messages_key=data.multiturn.messages_key if data.multiturn.enable else None,
+        tools_key=data.multiturn.tools_key,
+        tool_prompt=partial(
+            tool_prompt_messages, tokenizer, format=data.multiturn.format,
+            chat_template_kwargs=dict(data.apply_chat_template_kwargs),
+        ),
         max_length=data.max_length,
         truncation=data.truncation,
         chat_template_kwargs=dict(data.apply_chat_template_kwargs),

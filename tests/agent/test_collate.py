@@ -93,3 +93,14 @@ def test_metric_names_are_verls():
     for prefix in ("num_turns", "tool_call_counts", "agent_loop/generate_sequences", "agent_loop/tool_calls"):
         assert {f"{prefix}/min", f"{prefix}/max", f"{prefix}/mean"} <= names
     assert {"agent_loop/slowest/generate_sequences", "agent_loop/slowest/tool_calls"} <= names
+
+
+def test_tool_call_validity_counts_unreadable_blocks_and_failed_calls():
+    outputs = [
+        traj([1], [2], [1], tool_call_counts=3, metrics={"tool_errors": 1.0, "tool_parse_errors": 1.0}),
+        traj([1], [2], [1], tool_call_counts=1, metrics={"tool_errors": 0.0, "tool_parse_errors": 0.0}),
+        traj([1], [2], [1], tool_call_counts=0, metrics={"tool_errors": 0.0, "tool_parse_errors": 0.0}),
+    ]
+    # attempted: 4 calls run + 1 unreadable block = 5; valid: 4 - 1 failed = 3
+    assert agent_loop_metrics(outputs)["agent_loop/tool_call_validity"] == pytest.approx(3 / 5)
+    assert "agent_loop/tool_call_validity" not in agent_loop_metrics([traj([1], [2], [1])])

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from hybridflow.tools.calculator import CalculatorTool, evaluate, format_number
-from hybridflow.tools.python import PythonTool, run_python
+from hybridflow.tools.python import PythonTool
 
 
 @pytest.mark.parametrize(
@@ -61,8 +61,8 @@ def test_calculator_tool():
     assert asyncio.run(tool.execute("t", {"expression": "3*(4+5)"})) == ("27", 0.0, {})
 
 
-def test_python_runs_in_its_own_process_and_reports_failures():
-    tool = PythonTool(config={"timeout_s": 20})
+def test_python_runs_in_the_sandbox_and_reports_failures():
+    tool = PythonTool(config={"timeout_s": 20, "allow_weak_isolation": True})
 
     async def both():
         return await asyncio.gather(
@@ -71,23 +71,28 @@ def test_python_runs_in_its_own_process_and_reports_failures():
         )
 
     (ok_text, _, ok_metrics), (bad_text, _, bad_metrics) = asyncio.run(both())
-    assert ok_text == "42\nTrue\n" and ok_metrics == {"exit_code": 0}
+    assert ok_text == "42\nTrue\n" and ok_metrics == {"exit_code": 0, "status": "Finished"}
     assert bad_text.startswith("before\nTraceback") and "ValueError: bad input" in bad_text
-    assert bad_text.endswith("[exit code 1]") and bad_metrics == {"exit_code": 1}
+    assert bad_text.endswith("[exit code 1]") and bad_metrics == {"exit_code": 1, "status": "Finished"}
 
 
-def test_python_timeout_kills_the_process():
-    text, code = asyncio.run(run_python("print('start', flush=True)\nwhile True: pass", timeout_s=1.0))
-    assert code is None and text == "start\n[stopped: did not finish within 1 s]"
+def test_python_tool_timeout_memory_and_output_caps():
+    def tool(**config):
+        return PythonTool(config={"allow_weak_isolation": True, "timeout_s": 20, **config})
 
-
-def test_python_memory_cap_and_output_cap():
-    async def both():
+    async def three():
         return await asyncio.gather(
-            run_python("b = bytearray(2 * 1024**3)\nprint('allocated')", memory_limit_mb=256, timeout_s=20),
-            run_python("print('x' * 100000)", max_output_bytes=1000, timeout_s=20),
+            tool(timeout_s=1.0).execute("t", {"code": "print('start', flush=True)\nwhile True: pass"}),
+            tool(memory_limit_mb=256).execute("t", {"code": "b = bytearray(2 * 1024**3)\nprint('allocated')"}),
+            tool(max_output_bytes=1000).execute("t", {"code": "print('x' * 100000)"}),
         )
 
-    (memory_text, memory_code), (output_text, output_code) = asyncio.run(both())
-    assert "MemoryError" in memory_text and "allocated" not in memory_text and memory_code == 1
-    assert output_code is None and output_text == "x" * 1000 + "\n[stopped: more than 1000 bytes of output]"
+    (slow, _, slow_m), (memory, _, memory_m), (output, _, output_m) = asyncio.run(three())
+    assert slow == "start\n\n[stopped: did not finish within 1 s]" and slow_m["status"] == "TimeLimitExceeded"
+    assert "MemoryError" in memory and "allocated" not in memory and memory_m == {"exit_code": 1, "status": "Finished"}
+    assert output == "x" * 1000 + "\n[stopped: stdout passed 1000 bytes]" and output_m["status"] == "OutputLimitExceeded"
+
+
+def test_python_tool_refuses_unknown_config_keys():
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['timeout'\]"):
+        PythonTool(config={"timeout": 3, "allow_weak_isolation": True})

@@ -21,6 +21,7 @@ tools:
       type: native
       timeout_s: 3
       memory_limit_mb: 256
+      allow_weak_isolation: true
     tool_schema:
       type: "function"
       function:
@@ -72,7 +73,7 @@ def test_verl_tool_yaml_builds_tools_with_config_and_schema(tmp_path):
     tools = load_tool_config(write(tmp_path, "tools.yaml", VERL_STYLE))
     assert [type(t) for t in tools] == [CalculatorTool, PythonTool]
     assert [t.name for t in tools] == ["calculator", "code_interpreter"]
-    assert tools[1].config == {"type": "native", "timeout_s": 3, "memory_limit_mb": 256}
+    assert tools[1].config == {"type": "native", "timeout_s": 3, "memory_limit_mb": 256, "allow_weak_isolation": True}
     assert tools[1].schema["function"]["parameters"]["required"] == ["code"]
 
 

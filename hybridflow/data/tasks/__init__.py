@@ -7,7 +7,7 @@ selected by each row's ``data_source``.
 
 from __future__ import annotations
 
-from hybridflow.data.tasks import arithmetic, arithmetic_sft, countdown, gsm8k
+from hybridflow.data.tasks import arithmetic, arithmetic_sft, code_functions, countdown, gsm8k, tool_lookup
 from hybridflow.data.tasks.arithmetic import ArithmeticSettings, generate_arithmetic
 from hybridflow.data.tasks.common import TaskSpec, make_row, write_task
 from hybridflow.data.tasks.countdown import CountdownSettings, generate_countdown
@@ -17,8 +17,11 @@ from hybridflow.utils.registry import Registry
 TASKS: Registry[TaskSpec] = Registry("built-in task")
 TASKS.add(arithmetic.TASK.name, arithmetic.TASK)
 TASKS.add(arithmetic_sft.TASK.name, arithmetic_sft.TASK)
+TASKS.add(code_functions.TASK.name, code_functions.TASK)
+TASKS.add(code_functions.CONVERT_TASK.name, code_functions.CONVERT_TASK)
 TASKS.add(countdown.TASK.name, countdown.TASK)
 TASKS.add(gsm8k.TASK.name, gsm8k.TASK)
+TASKS.add(tool_lookup.TASK.name, tool_lookup.TASK)
 
 __all__ = [
     "TASKS",

@@ -28,6 +28,8 @@ class TaskSpec:
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     build: Callable[[argparse.Namespace], tuple[Rows, Rows]]
+    # files beyond train/test (an SFT split, a tool config): (args, out_dir) → paths written
+    write_extra: Callable[[argparse.Namespace, Path], list[Path]] | None = None
 
 
 def make_row(

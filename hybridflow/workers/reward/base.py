@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ from hybridflow.workers.reward.executors import OK, CallResult, ScorerPool, run_
 from hybridflow.workers.reward.outcomes import ScoreOutcome, collect_extra_info, to_outcome
 from hybridflow.workers.reward.sandbox import DEFAULT_MEMORY_LIMIT_MB, ScorerSettings
 from hybridflow.workers.reward.scores import SCORERS, default_compute_score
+from hybridflow.workers.reward.scores.code import CodeSandboxSpec
 
 logger = logging.getLogger(__name__)
 
@@ -143,14 +145,18 @@ class RewardManager:
         executor: str = "process",
         num_workers: int = 1,
         memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB,
+        code_sandbox: CodeSandboxSpec | None = None,
     ) -> None:
         if memory_limit_mb is not None and memory_limit_mb < 0:
             raise ValueError(f"memory_limit_mb must be >= 0 (0: no cap), got {memory_limit_mb}")
         if executor != "process" and isinstance(compute_score, CustomRewardFunction):
             compute_score.load()  # no scorer processes: the file is imported here, errors now
         self.tokenizer = tokenizer
-        self.compute_score = compute_score if compute_score is not None else self.default_compute_score
         self.uses_default_scorer = compute_score is None
+        if compute_score is None:  # code_sandbox: where the default scorer runs code tests
+            compute_score = (self.default_compute_score if code_sandbox is None
+                             else partial(self.default_compute_score, code_sandbox=code_sandbox))
+        self.compute_score = compute_score
         self.num_examine = num_examine
         self.reward_fn_key = reward_fn_key
         self.timeout_s = timeout_s

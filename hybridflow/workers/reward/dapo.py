@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from hybridflow import fields as F
+from hybridflow.workers.reward.scores.code import CodeSandboxSpec
 from hybridflow.workers.reward.base import DEFAULT_TIMEOUT_S, REWARD_MANAGERS, RewardManager, ScoreItem
 from hybridflow.workers.reward.executors import OK
 from hybridflow.workers.reward.outcomes import ScoreOutcome
@@ -55,6 +56,7 @@ class DAPORewardManager(RewardManager):
         executor: str = "process",
         num_workers: int = 1,
         memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB,
+        code_sandbox: CodeSandboxSpec | None = None,
         max_resp_len: int | None = None,
         overlong_buffer_enable: bool = False,
         overlong_buffer_len: int = 0,
@@ -64,6 +66,7 @@ class DAPORewardManager(RewardManager):
         super().__init__(
             tokenizer, compute_score=compute_score, num_examine=num_examine, reward_fn_key=reward_fn_key,
             timeout_s=timeout_s, executor=executor, num_workers=num_workers, memory_limit_mb=memory_limit_mb,
+            code_sandbox=code_sandbox,
         )
         if overlong_buffer_enable:
             if max_resp_len is None:

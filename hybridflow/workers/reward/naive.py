@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridflow import fields as F
+from hybridflow.workers.reward.scores.code import CodeSandboxSpec
 from hybridflow.workers.reward.base import DEFAULT_TIMEOUT_S, REWARD_MANAGERS, RewardManager
 from hybridflow.workers.reward.sandbox import DEFAULT_MEMORY_LIMIT_MB
 
@@ -41,6 +42,7 @@ class PrimeRewardManager(RewardManager):
         executor: str = "process",
         num_workers: int | None = None,
         memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB,
+        code_sandbox: CodeSandboxSpec | None = None,
     ) -> None:
         super().__init__(
             tokenizer,
@@ -51,4 +53,5 @@ class PrimeRewardManager(RewardManager):
             executor=executor,
             num_workers=default_num_workers() if num_workers is None else num_workers,
             memory_limit_mb=memory_limit_mb,
+            code_sandbox=code_sandbox,
         )

@@ -12,10 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 from hybridflow.data.tasks.arithmetic import DATA_SOURCE as ARITHMETIC_SOURCE
+from hybridflow.data.tasks.code_functions import DATA_SOURCE as CODE_FUNCTIONS_SOURCE
 from hybridflow.data.tasks.countdown import DATA_SOURCE as COUNTDOWN_SOURCE
 from hybridflow.data.tasks.gsm8k import DATA_SOURCE as GSM8K_SOURCE
+from hybridflow.data.tasks.tool_lookup import DATA_SOURCE as TOOL_LOOKUP_SOURCE
 from hybridflow.utils.registry import Registry
-from hybridflow.workers.reward.scores import arithmetic, countdown, gsm8k, math_answers
+from hybridflow.workers.reward.scores import arithmetic, code, countdown, gsm8k, math_answers, tool_lookup
 
 ScoreResult = float | dict[str, Any]
 Scorer = Callable[[str, Any, "dict | None"], ScoreResult]
@@ -44,18 +46,31 @@ for _source in MATH_DAPO_SOURCES:
     SCORERS.add(_source, math_answers.compute_score_dapo)
 SCORERS.add(ARITHMETIC_SOURCE, arithmetic.compute_score)
 SCORERS.add(COUNTDOWN_SOURCE, countdown.compute_score)
+SCORERS.add(TOOL_LOOKUP_SOURCE, tool_lookup.compute_score)
+# code: test cases run in the sandbox (verl's code sources and the built-in task)
+CODE_SOURCES: tuple[str, ...] = (*code.VERL_CODE_SOURCES, CODE_FUNCTIONS_SOURCE)
+for _source in CODE_SOURCES:
+    SCORERS.add(_source, code.compute_score)
 
 
 def default_compute_score(
-    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict | None = None,
+    *,
+    code_sandbox: code.CodeSandboxSpec | None = None,
 ) -> ScoreResult:
     """Score one response with the scorer registered for ``data_source``.
 
     An unknown source raises ``ValueError`` listing the known ones; ``aime*`` sources (AIME 2024,
-    aime25, ...) are scored as ``math_dapo``.
+    aime25, ...) are scored as ``math_dapo``. Code sources run their tests where
+    ``code_sandbox`` says (default: the local sandbox with default limits).
     """
     if data_source not in SCORERS and data_source.startswith(MATH_DAPO_PREFIX):
         return math_answers.compute_score_dapo(solution_str, ground_truth, extra_info)
+    if data_source in CODE_SOURCES:
+        return code.compute_score(solution_str, ground_truth, extra_info, sandbox=code_sandbox)
     return SCORERS.get(data_source)(solution_str, ground_truth, extra_info)
 
 

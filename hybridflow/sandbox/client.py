@@ -1,0 +1,117 @@
+"""Where code rewards and tools send programs: the local sandbox or a Sandbox Fusion server.
+
+Both clients have one method, ``await client.run(code, stdin=..., timeout_s=..., memory_mb=...)``
+→ :class:`~hybridflow.sandbox.executor.RunResult`, so a scorer does not care where the code
+runs:
+
+* :class:`LocalSandbox` — :func:`~hybridflow.sandbox.executor.run_code` in this process's
+  machine, at most ``max_concurrent`` at once. It refuses to be built when the isolation is
+  weaker than bubblewrap unless ``allow_weak_isolation`` is set.
+* :class:`FusionSandbox` — ``POST {url}/run_code`` (``hybridflow sandbox`` or a real Sandbox
+  Fusion server, verl's ``reward_model.sandbox_fusion.url``), at most ``max_concurrent``
+  requests at once. A server that cannot be reached or answers 5xx is retried ``retries``
+  times with a growing pause; then :class:`SandboxUnavailableError` names the URL — a run is
+  never silently scored as a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import replace
+from typing import Protocol
+
+from hybridflow.sandbox.executor import RunResult, run_code
+from hybridflow.sandbox.fusion import result_from_fusion
+from hybridflow.sandbox.isolation import Isolation, require_isolation
+from hybridflow.sandbox.limits import SandboxLimits
+from hybridflow.utils.errors import InputError
+
+
+class SandboxUnavailableError(InputError, RuntimeError):
+    """The sandbox service cannot be reached or keeps failing; the message names the URL."""
+
+
+class SandboxClient(Protocol):
+    async def run(self, code: str, *, stdin: str = "", timeout_s: float | None = None,
+                  memory_mb: int | None = None) -> RunResult: ...
+
+
+class _Slots:
+    """An asyncio semaphore per event loop (reward managers may run one loop per call)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._by_loop: dict[int, asyncio.Semaphore] = {}
+        self._lock = threading.Lock()
+
+    def get(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            return self._by_loop.setdefault(id(loop), asyncio.Semaphore(self.size))
+
+
+class LocalSandbox:
+    """Programs run on this machine under the detected isolation (see the module docstring)."""
+
+    def __init__(self, limits: SandboxLimits = SandboxLimits(), *, max_concurrent: int = 4,
+                 allow_weak_isolation: bool = False, what: str = "this code reward") -> None:
+        if max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
+        self.isolation: Isolation = require_isolation(allow_weak_isolation, what)
+        self.limits = limits
+        self._slots = _Slots(max_concurrent)
+
+    async def run(self, code: str, *, stdin: str = "", timeout_s: float | None = None,
+                  memory_mb: int | None = None) -> RunResult:
+        limits = replace(self.limits, wall_s=timeout_s or self.limits.wall_s,
+                         memory_mb=memory_mb or self.limits.memory_mb)
+        async with self._slots.get():
+            return await run_code(code, stdin=stdin, limits=limits, isolation=self.isolation)
+
+
+class FusionSandbox:
+    """A Sandbox Fusion ``/run_code`` endpoint (see the module docstring)."""
+
+    def __init__(self, url: str, *, max_concurrent: int = 4, retries: int = 3, memory_mb: int = 1024,
+                 timeout_s: float = 10.0, request_timeout_s: float = 30.0) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"sandbox url must start with http:// or https://, got {url!r}")
+        self.url = url.rstrip("/")
+        self.endpoint = self.url if self.url.endswith("/run_code") else self.url + "/run_code"
+        self.retries, self.memory_mb, self.timeout_s = retries, memory_mb, timeout_s
+        self.request_timeout_s = request_timeout_s
+        self._slots = _Slots(max_concurrent)
+
+    def _post(self, payload: bytes, timeout_s: float) -> dict:
+        request = urllib.request.Request(self.endpoint, data=payload, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=timeout_s + self.request_timeout_s) as response:
+            return json.loads(response.read())
+
+    async def run(self, code: str, *, stdin: str = "", timeout_s: float | None = None,
+                  memory_mb: int | None = None) -> RunResult:
+        timeout = timeout_s or self.timeout_s
+        payload = json.dumps({"code": code, "language": "python", "stdin": stdin, "run_timeout": timeout,
+                              "compile_timeout": timeout, "memory_limit_MB": memory_mb or self.memory_mb}).encode()
+        last = ""
+        async with self._slots.get():
+            for attempt in range(self.retries + 1):
+                try:
+                    body = await asyncio.to_thread(self._post, payload, timeout)
+                    return result_from_fusion(body, isolation=f"remote {self.url}")
+                except urllib.error.HTTPError as exc:
+                    detail = exc.read().decode("utf-8", errors="replace")[:300]
+                    if exc.code < 500:  # the request itself is wrong: retrying will not help
+                        raise SandboxUnavailableError(f"sandbox {self.endpoint} refused the request: HTTP {exc.code}: {detail}") from None
+                    last = f"HTTP {exc.code}: {detail}"
+                except (urllib.error.URLError, OSError, TimeoutError, json.JSONDecodeError) as exc:
+                    last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+                if attempt < self.retries:
+                    await asyncio.sleep(0.5 * 2**attempt)
+        raise SandboxUnavailableError(
+            f"sandbox {self.endpoint} is unavailable after {self.retries + 1} attempts ({last}); "
+            "start it with `hybridflow sandbox` or fix reward_model.sandbox_fusion.url"
+        )
