@@ -117,7 +117,7 @@ class SandboxFusionConfig:
     """``reward_model.sandbox_fusion``: a Sandbox Fusion ``/run_code`` service for code rewards."""
 
     url: str | None = setting(
-        None, "service URL (`hybridflow sandbox` or Sandbox Fusion); null = the local sandbox in the scorer processes"
+        None, "service URL (`hybridflow sandbox` or Sandbox Fusion); null = a local `hybridflow sandbox` the trainer starts"
     )
     max_concurrent: int = setting(64, "programs in flight at once per scorer process", ge=1)
     memory_limit_mb: int = setting(1024, "memory cap of one program (MiB)", ge=32)

@@ -32,6 +32,7 @@ from hybridflow.sandbox.isolation import (
     SANDBOX_WORKDIR,
     Isolation,
     bwrap_arguments,
+    can_switch_uid,
     detect_isolation,
     python_paths,
 )
@@ -131,7 +132,7 @@ async def run_code(
     base64 content) are written beside it first. See the module docstring."""
     isolation = isolation or detect_isolation()
     python, _ = python_paths()
-    as_root = os.geteuid() == 0
+    as_root = can_switch_uid()
     uid = _UIDS.take() if as_root and isolation.level == BWRAP else None
     started = time.perf_counter()
     try:
@@ -200,6 +201,9 @@ async def _run(
     for task in pending:
         task.cancel()
     return_code = await proc.wait()
+    transport = getattr(proc, "_transport", None)  # asyncio has no public close for a Process's pipes
+    if transport is not None:
+        transport.close()
     elapsed = time.perf_counter() - started
     stdout = bytes(streams["stdout"][: limits.max_output_bytes]).decode("utf-8", errors="replace")
     stderr = bytes(streams["stderr"][: limits.max_output_bytes]).decode("utf-8", errors="replace")

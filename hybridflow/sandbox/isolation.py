@@ -55,6 +55,18 @@ class Isolation:
         return f"sandbox isolation: {self.level} ({self.detail})"
 
 
+def can_switch_uid() -> bool:
+    """True for root in the initial user namespace: it may run code under any uid. Root inside a
+    user namespace (e.g. a reward scorer process) maps too few uids for that."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        first = open("/proc/self/uid_map").read().split()
+    except OSError:
+        return False
+    return first[:3] == ["0", "0", "4294967295"]
+
+
 def python_paths() -> tuple[str, str]:
     """``(interpreter, installation prefix)`` of the base Python (not a virtualenv's)."""
     prefix = os.path.realpath(sys.base_prefix)
@@ -97,14 +109,32 @@ def bwrap_arguments(workdir_size: int, *, as_root: bool) -> list[str]:
     return args + ["--"]
 
 
-@lru_cache(maxsize=1)
+def own_proc() -> bool:
+    """Whether ``/proc`` shows this process's own PID namespace. Not so in a process that entered
+    a new PID namespace without mounting its ``/proc`` (the reward scorer processes): bubblewrap
+    looks its child up there by PID and fails or hangs."""
+    try:
+        return os.readlink("/proc/self") == str(os.getpid())
+    except OSError:
+        return False
+
+
 def detect_isolation() -> Isolation:
-    """The strongest level that works here: bubblewrap is tried with a real command."""
+    """The strongest level that works here: bubblewrap is tried with a real command (once per
+    process; the ``/proc`` check runs every time, as a forked child may be in another namespace)."""
+    if not own_proc():
+        return Isolation(RLIMITS, "this process is in a PID namespace without its own /proc (e.g. a reward "
+                         "scorer process), where bubblewrap cannot run; send the code to `hybridflow sandbox`")
+    return _probe_bwrap()
+
+
+@lru_cache(maxsize=1)
+def _probe_bwrap() -> Isolation:
     path = shutil.which(BWRAP)
     if path is None:
         return Isolation(RLIMITS, "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)")
     python, _ = python_paths()
-    probe = [*bwrap_arguments(1 << 20, as_root=os.geteuid() == 0), python, "-I", "-S", "-c", "print('ok')"]
+    probe = [*bwrap_arguments(1 << 20, as_root=can_switch_uid()), python, "-I", "-S", "-c", "print('ok')"]
     try:
         out = subprocess.run(probe, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -8,6 +8,7 @@ built-in arithmetic task with SmolLM2-135M-Instruct on the CPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -30,6 +31,8 @@ from hybridflow.trainer.ppo_trainer import PPOTrainer, WorkerGroups
 from hybridflow.workers.critic import CriticWorker
 from hybridflow.workers.placement import actor_rollout_ref_roles
 from hybridflow.sandbox.isolation import require_isolation
+from hybridflow.sandbox.limits import SandboxLimits
+from hybridflow.sandbox.local_service import LocalSandboxService
 from hybridflow.workers.reward import CustomRewardFunction, build_reward_manager
 from hybridflow.workers.reward.scores import CODE_SOURCES
 from hybridflow.workers.reward.scores.code import CodeSandboxSpec
@@ -126,8 +129,10 @@ def _samples(max_samples: int) -> int | None:
 
 
 def code_sandbox_spec(config: PPOConfig) -> CodeSandboxSpec:
-    """Where code rewards run their tests. With the local sandbox (no ``sandbox_fusion.url``) and
-    code rows in the data, weak isolation is refused here, at start-up, unless allowed."""
+    """Where code rewards run their tests: ``reward_model.sandbox_fusion.url``, or — when the
+    data has code rows — a local ``hybridflow sandbox`` started here (the scorer processes cannot
+    give each program its own uid; see sandbox/local_service.py). Weak isolation is refused
+    here, at start-up, unless ``reward_model.code.allow_weak_isolation``."""
     rm = config.reward_model
     spec = CodeSandboxSpec(
         url=rm.sandbox_fusion.url, max_concurrent=rm.sandbox_fusion.max_concurrent,
@@ -139,6 +144,11 @@ def code_sandbox_spec(config: PPOConfig) -> CodeSandboxSpec:
         sources = {s for f in files for s in read_column(os.path.expanduser(f), config.data.reward_fn_key)}
         if sources & set(CODE_SOURCES):
             require_isolation(spec.allow_weak_isolation, "the code reward (reward_model.code.allow_weak_isolation)")
+            limits = SandboxLimits(wall_s=spec.timeout_s, memory_mb=spec.memory_limit_mb)
+            service = LocalSandboxService(limits, max_concurrent=os.cpu_count() or 1,
+                                          allow_weak_isolation=spec.allow_weak_isolation)
+            print(f"code rewards: local sandbox service at {service.url} ({service.health['isolation']})")
+            spec = dataclasses.replace(spec, url=service.url)
     return spec
 
 

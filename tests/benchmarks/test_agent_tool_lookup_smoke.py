@@ -18,7 +18,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "agent_tool_lookup.
 def test_pipeline_runs_and_reports(tiny_model_dir: Path, tmp_path: Path):
     out = tmp_path / "result.json"
     cmd = [sys.executable, str(BENCH), "--model", str(tiny_model_dir), "--work-dir", str(tmp_path / "work"),
-           "--steps", "2", "--off-steps", "1", "--sft-size", "8", "--test-size", "4", "--prompts-per-step", "2",
+           "--steps", "2", "--off-steps", "1", "--sft-size", "8", "--test-size", "4", "--prompts-per-step", "4",
            "--n", "2", "--prompt-length", "768", "--response-length", "64", "--sft-max-length", "1024", "--window-first", "1", "--window-last", "1", "--threads", "1", "--out", str(out), "--no-check"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -31,6 +31,9 @@ def test_extract_the_last_python_block():
     assert extract_code(text) == "second\n"
     assert extract_code("```\nonly plain\n```") == "only plain\n"
     assert extract_code("def f(): pass") is None
+    with_usage = "```python\ndef add(a, b):\n    return a + b\n```\nUsage:\n```python\nprint(add(1, 2))\n```"
+    assert extract_code(with_usage) == "print(add(1, 2))\n"
+    assert extract_code(with_usage, "add") == "def add(a, b):\n    return a + b\n"
 
 
 def test_stdin_programs_score_the_fraction_passed():
@@ -126,7 +129,62 @@ def test_train_refuses_code_rewards_under_weak_isolation_at_start_up(tmp_path, m
         code_sandbox_spec(make_config(*files))
     spec = code_sandbox_spec(make_config(*files, "reward_model.code.allow_weak_isolation=true",
                                          "reward_model.code.timeout_s=2", "reward_model.code.all_or_nothing=true"))
-    assert spec.allow_weak_isolation and spec.timeout_s == 2 and spec.all_or_nothing and spec.url is None
+    assert spec.allow_weak_isolation and spec.timeout_s == 2 and spec.all_or_nothing
+    # the trainer started a local service for the scorer processes; it answers in Fusion's format
+    result = compute_score(fenced("def add(a, b):\n    return a + b"), CALL_TESTS, sandbox=spec)
+    assert spec.url.startswith("http://127.0.0.1:") and result["verdicts"] == "PPP"
     remote = code_sandbox_spec(make_config(*files, "reward_model.sandbox_fusion.url=http://127.0.0.1:8080/run_code",
                                            "reward_model.sandbox_fusion.max_concurrent=3"))
     assert remote.url == "http://127.0.0.1:8080/run_code" and remote.max_concurrent == 3  # no local check
+
+
+def test_reward_manager_scores_code_through_the_local_service(make_batch, tokenizer):
+    """As ``hybridflow train`` wires it: the scorer processes send programs to a local
+    ``hybridflow sandbox``; an unreachable service is counted in reward/errors, never a silent
+    wrong answer."""
+    from hybridflow.sandbox.limits import SandboxLimits
+    from hybridflow.sandbox.local_service import LocalSandboxService
+    from hybridflow.workers.reward import build_reward_manager
+
+    good, bad = fenced("def add(a, b):\n    return a + b"), fenced("def add(a, b):\n    return a - b")
+    batch, lengths = make_batch([good, bad], [CALL_TESTS, CALL_TESTS], data_sources=["apps", DATA_SOURCE])
+    service = LocalSandboxService(SandboxLimits(wall_s=15), max_concurrent=4, allow_weak_isolation=True)
+    spec = CodeSandboxSpec(url=service.url, timeout_s=15)  # generous: the machine may be busy
+    manager = build_reward_manager("prime", tokenizer, num_workers=2, timeout_s=60, code_sandbox=spec)
+    try:
+        reward, info = manager(batch)
+    finally:
+        manager.close()
+        service.close()
+    assert reward.sum(-1).tolist() == pytest.approx([1.0, 1 / 3])  # add(0, 0) == 0 passes either way
+    assert info["verdicts"] == ["PPP", "FFP"]
+    down = build_reward_manager("naive", tokenizer, timeout_s=30,
+                                code_sandbox=CodeSandboxSpec(url="http://127.0.0.1:9", timeout_s=1))
+    try:
+        reward, info = down(batch)
+    finally:
+        down.close()
+    assert reward.sum().item() == 0.0
+    assert info["reward_error"] == [1.0, 1.0]
+
+
+def test_inside_a_scorer_process_bubblewrap_is_not_used(tokenizer):
+    """A forked scorer process sits in a PID namespace without its own /proc: detection says
+    so instead of letting bubblewrap hang."""
+    from hybridflow.workers.reward.executors import ScorerPool
+    from hybridflow.workers.reward.sandbox import ScorerSettings
+
+    pool = ScorerPool(_detect_in_child, 1, load_timeout_s=30, settings=ScorerSettings(memory_limit_mb=4096))
+    try:
+        [result] = pool.run([{}], 30)
+    finally:
+        pool.close()
+    if pool.isolation == "pid-namespace":
+        assert result.value["level"] == "rlimits" and "PID namespace without its own /proc" in result.value["detail"]
+
+
+def _detect_in_child() -> dict:
+    from hybridflow.sandbox.isolation import detect_isolation
+
+    isolation = detect_isolation()
+    return {"score": 0.0, "level": isolation.level, "detail": isolation.detail}

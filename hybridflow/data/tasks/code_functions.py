@@ -3,7 +3,7 @@
 A prompt reads "Write a Python function `add_seven(x)` that returns x plus 7. ..."; the ground
 truth holds the function name and test cases in verl's call-based code format
 (``{"fn_name", "inputs": [[args], ...], "outputs": [...]}``), scored in the sandbox by
-``hybridflow/workers/reward/scores/code.py``. Problems come from a dozen one-line families
+``hybridflow/workers/reward/scores/code.py``. Problems come from twenty one-line families
 (arithmetic on a number, list sums and counts, string reversal and repetition, parity and
 divisibility) with random constants, so SmolLM2-135M-Instruct solves some but not most.
 
@@ -115,9 +115,45 @@ def _length(rng):
     return "length", "text", "returns the number of characters in the string", len, _words(rng)
 
 
+def _affine(rng):
+    a, b = rng.randint(2, 9), rng.randint(1, 9)
+    return f"scale_{NUMBERS[a]}_add_{NUMBERS[b]}", "x", f"returns {a} times x plus {b}", lambda x: a * x + b, _ints(rng)
+
+
+def _sum_evens(rng):
+    return "sum_of_evens", "numbers", "returns the sum of the even numbers in the list", \
+        lambda xs: sum(x for x in xs if x % 2 == 0), _lists(rng)
+
+
+def _count_vowels(rng):
+    return "count_vowels", "text", "returns how many vowels (a, e, i, o, u) the string contains", \
+        lambda t: sum(c in "aeiou" for c in t), _words(rng)
+
+
+def _fizz(rng):
+    k = rng.randint(3, 7)
+    return (f"fizz_{NUMBERS[k]}", "n", f"returns the string 'fizz' if n is divisible by {k}, otherwise n as a string",
+            lambda n: "fizz" if n % k == 0 else str(n), [[rng.randint(1, 6) * k + rng.choice([0, 1, 2])] for _ in range(4)])
+
+
+def _largest(rng):
+    args = [[[rng.randint(-9, 30) for _ in range(rng.randint(1, 6))]] for _ in range(4)]
+    return "largest", "numbers", "returns the largest number in a non-empty list", max, args
+
+
+def _positives(rng):
+    return "count_positive", "numbers", "returns how many numbers in the list are greater than zero", \
+        lambda xs: sum(x > 0 for x in xs), _lists(rng)
+
+
+def _digit_sum(rng):
+    return "digit_sum", "n", "returns the sum of the decimal digits of a non-negative integer n", \
+        lambda n: sum(map(int, str(n))), [[rng.randint(0, 9999)] for _ in range(4)]
+
+
 FAMILIES: tuple[Family, ...] = tuple(Family(f) for f in (
     _add, _times, _minus, _square, _larger, _smaller, _is_even, _divisible, _sum_list, _count, _reverse, _repeat,
-    _length,
+    _length, _affine, _sum_evens, _count_vowels, _fizz, _largest, _positives, _digit_sum,
 ))
 
 

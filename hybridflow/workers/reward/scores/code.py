@@ -11,8 +11,9 @@ whitespace on each line and at the end. Call-based cases call ``fn_name(*args)``
 ``Solution().fn_name`` when only a class defines it) and pass when the JSON of the result
 equals the expected value (APPS's ``[value]`` wrapping is accepted too).
 
-The program is the last fenced ```python (or plain ```) block of the response; a response
-without one scores 0 (``no_code``). A program that does not compile scores 0 without running
+The program is the last fenced ```python (or plain ```) block of the response — for call-based
+cases the last one that defines ``fn_name``, since models often add a block of example calls;
+a response without one scores 0 (``no_code``). A program that does not compile scores 0 without running
 the cases. Each case is one sandboxed run (:mod:`hybridflow.sandbox`) with a wall-clock limit;
 the cases of one response run concurrently. The score is the fraction of cases passed, or 1/0
 with ``all_or_nothing``; the result also carries ``acc`` (all passed), ``passed``, ``total`` and
@@ -74,13 +75,16 @@ def sandbox_client(spec: CodeSandboxSpec) -> SandboxClient:
                         allow_weak_isolation=spec.allow_weak_isolation, what="the code reward")
 
 
-def extract_code(response: str) -> str | None:
-    """The last fenced python block (or, without one, the last fenced block of any language tag)."""
+def extract_code(response: str, fn_name: str | None = None) -> str | None:
+    """The last fenced python block (without one, the last fenced block of any language tag).
+    With ``fn_name``, the last such block that defines it, if one does: models often end with
+    a second block of example calls."""
     blocks = _FENCE.findall(response)
-    python = [body for tag, body in blocks if tag.lower() in ("python", "py", "python3")]
-    if python:
-        return python[-1]
-    return blocks[-1][1] if blocks else None
+    candidates = [body for tag, body in blocks if tag.lower() in ("python", "py", "python3")] or [b for _, b in blocks]
+    if fn_name:
+        defining = [b for b in candidates if re.search(rf"\bdef\s+{re.escape(fn_name)}\s*\(", b)]
+        candidates = defining or candidates
+    return candidates[-1] if candidates else None
 
 
 def parse_tests(ground_truth: Any) -> dict[str, Any]:
@@ -142,7 +146,7 @@ def compute_score(
     spec = sandbox or CodeSandboxSpec()
     tests = parse_tests(ground_truth)
     total = len(tests["inputs"])
-    program = extract_code(solution_str)
+    program = extract_code(solution_str, tests.get("fn_name"))
     if program is None:
         return {"score": 0.0, "acc": 0.0, "passed": 0, "total": total, "verdicts": "", "status": "no_code"}
     try:
