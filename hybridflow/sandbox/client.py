@@ -41,17 +41,22 @@ class SandboxClient(Protocol):
 
 
 class _Slots:
-    """An asyncio semaphore per event loop (reward managers may run one loop per call)."""
+    """An asyncio semaphore per event loop (scorers and agent steps run one loop per call); a
+    loop's semaphore goes with the loop."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._by_loop: dict[int, asyncio.Semaphore] = {}
+        self._by_loop: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Semaphore]] = {}
         self._lock = threading.Lock()
 
     def get(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
         with self._lock:
-            return self._by_loop.setdefault(id(loop), asyncio.Semaphore(self.size))
+            for key in [k for k, (other, _) in self._by_loop.items() if other.is_closed()]:
+                del self._by_loop[key]  # a semaphore holds its loop: drop both once the loop is closed
+            if id(loop) not in self._by_loop:
+                self._by_loop[id(loop)] = (loop, asyncio.Semaphore(self.size))
+            return self._by_loop[id(loop)][1]
 
 
 class LocalSandbox:

@@ -169,3 +169,16 @@ def test_sandbox_command_refuses_to_serve_weakly_without_the_flag(monkeypatch, c
     assert cli.main(["--port", "1"]) == 2
     err = capsys.readouterr().err
     assert "hybridflow sandbox runs untrusted code" in err and "Install bubblewrap" in err
+
+
+def test_local_sandbox_bounds_concurrency_per_loop_and_forgets_closed_loops():
+    sandbox = LocalSandbox(SandboxLimits(wall_s=5), max_concurrent=1, allow_weak_isolation=True)
+
+    async def two():
+        started = time.monotonic()
+        await asyncio.gather(*(sandbox.run("import time; time.sleep(0.5)") for _ in range(2)))
+        return time.monotonic() - started
+
+    for _ in range(3):  # a new loop each time, as each scorer call and agent step makes
+        assert asyncio.run(two()) >= 1.0  # one slot: the second run waited for the first
+    assert len(sandbox._slots._by_loop) == 1  # only the last loop's entry; closed ones were dropped
