@@ -151,3 +151,20 @@ def validation_metrics(
             if stats.maj is not None:
                 metrics[f"{base}/maj@{stats.n}"] = float(np.mean(stats.maj))
     return metrics
+
+
+def validation_extra_metrics(
+    data_sources: Sequence[str], prompt_ids: Sequence[object], extra: dict[str, Sequence[object]]
+) -> dict[str, float]:
+    """``val-aux/{source}/{key}/mean@N`` for every numeric column the scorer returned besides the
+    score (``acc``, ``formatted``, ``passed``, ``reward_error``, ...): the mean over prompts of
+    the per-prompt mean, as for the reward. Columns with any non-number (``pred``) are skipped."""
+    metrics: dict[str, float] = {}
+    for key, values in extra.items():
+        if len(values) != len(data_sources) or not all(
+            isinstance(v, (int, float, np.integer, np.floating)) for v in values  # bools count as 0 / 1
+        ):
+            continue
+        for source, stats in prompt_stats(data_sources, prompt_ids, [float(v) for v in values]).items():
+            metrics[f"val-aux/{source}/{key}/mean@{stats.n}"] = float(np.mean(stats.mean))
+    return metrics

@@ -49,6 +49,7 @@ from hybridflow.trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     reduce_metrics,
+    validation_extra_metrics,
     validation_metrics,
 )
 from hybridflow.workers.reward import reward_fault_metrics
@@ -422,6 +423,7 @@ class PPOTrainer:
         written to ``trainer.validation_data_dir`` and printed (``log_val_generations``) if set."""
         vk, trainer_cfg = self.config.actor_rollout_ref.rollout.val_kwargs, self.config.trainer
         sources, prompt_ids, scores, preds, rows = [], [], [], [], []
+        extras: dict[str, list[object]] = {}
         keep_rows = bool(trainer_cfg.validation_data_dir) or trainer_cfg.log_val_generations > 0
         started, batches = time.perf_counter(), len(self.val_loader)
         val_rollout: dict[str, list[float]] = {}
@@ -439,9 +441,12 @@ class PPOTrainer:
             prompt_ids += batch.non_tensor_batch[F.UID].tolist()
             scores += row_scores
             preds += extra["pred"] if "pred" in extra else []
+            for key, values in extra.items():
+                extras.setdefault(key, []).extend(values)
             if keep_rows:
                 rows += validation_rows(self.tokenizer, batch, row_scores, extra, self.global_steps)
         metrics = validation_metrics(sources, prompt_ids, scores, preds if len(preds) == len(scores) else None)
+        metrics |= validation_extra_metrics(sources, prompt_ids, {k: v for k, v in extras.items() if k != "score"})
         means = [v for k, v in metrics.items() if "/mean@" in k]
         metrics["val-core/mean"] = float(np.mean(means)) if means else float("nan")
         metrics["timing_s/testing"] = time.perf_counter() - started

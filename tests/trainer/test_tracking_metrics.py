@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hybridflow.tracking import Tracking, read_jsonl_metrics
-from hybridflow.trainer.metrics import Timer, reduce_metrics, validation_metrics
+from hybridflow.trainer.metrics import Timer, reduce_metrics, validation_extra_metrics, validation_metrics
 
 
 def test_jsonl_and_console(tmp_path):
@@ -44,6 +44,19 @@ def test_validation_metrics_by_hand():
     assert m["val-core/a/reward/maj@2"] == pytest.approx(0.5)
     assert m["val-core/b/reward/mean@1"] == 1.0
     assert "val-core/b/reward/best@1" not in m
+
+
+def test_validation_extra_metrics_by_hand():
+    # p1: acc 1, 0 → 0.5; p2: acc 0, 0 → 0; p3 (source b): True → 1; "pred" is not a number
+    m = validation_extra_metrics(
+        ["a", "a", "a", "a", "b"],
+        ["p1", "p1", "p2", "p2", "p3"],
+        {"acc": [1.0, 0.0, 0, 0, True], "pred": ["4", "5", "7", "7", "9"], "passed": [3, 1, 0, 2, 4]},
+    )
+    assert m == {
+        "val-aux/a/acc/mean@2": pytest.approx(0.25), "val-aux/b/acc/mean@1": 1.0,
+        "val-aux/a/passed/mean@2": pytest.approx(1.5), "val-aux/b/passed/mean@1": 4.0,
+    }
 
 
 def test_reduce_and_timer():
