@@ -107,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [{"step": r["step"], "reward": r["critic/score/mean"], "step_s": r.get("timing_s/step"),
               "reward_s": r.get("timing_s/reward")} for r in rows if "critic/score/mean" in r]
-    val_key = VAL_PREFIX + str(1 if args.val_temperature == 0 else args.val_n)
+    n = 1 if args.val_temperature == 0 else args.val_n
+    val_key, acc_key = VAL_PREFIX + str(n), f"val-aux/hybridflow/code-functions/acc/mean@{n}"
     val = [(r["step"], r[val_key]) for r in rows if val_key in r]
+    val_acc = [(r["step"], r[acc_key]) for r in rows if acc_key in r]  # all tests of a problem passed
     gain = val[-1][1] - val[0][1]
     checks = {f"held-out score rises by ≥ {args.min_gain}": gain >= args.min_gain}
     kind = cpu_kind(machine, hardware)
@@ -117,12 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     lines += [f"{s['step']:>4} | {s['reward']:>12.3f} | {s['step_s'] or 0:>6.1f} | {s['reward_s'] or 0:>14.2f}" for s in steps]
     how = "greedy" if args.val_temperature == 0 else f"{args.val_n} samples per problem at temperature {args.val_temperature:g}"
     lines += ["", f"held-out score ({how}): " + ", ".join(f"step {k}: {v:.3f}" for k, v in val),
+              "held-out, all tests passed: " + ", ".join(f"step {k}: {v:.3f}" for k, v in val_acc),
         f"gain: {gain:+.3f}", "wall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in walls.items()), "",
         *[f"[{'PASS' if ok else 'FAIL'}] {name}" for name, ok in checks.items()]]
     print("\n".join(lines))
     out = Path(args.out) if args.out else work / "result.json"
     write_json(out, {"settings": vars(args), "machine": machine, "hardware": hardware, "walls_s": walls,
-                     "steps": steps, "val": val, "checks": checks, "work_dir": str(work)})
+                     "steps": steps, "val": val, "val_all_passed": val_acc, "checks": checks, "work_dir": str(work)})
     png = Path(args.png) if args.png else work / "curves.png"
     plot(steps, val, png, f"code-functions, SmolLM2-135M: GRPO with sandboxed tests ({kind})")
     print(f"result: {out}\ncurves: {png}")

@@ -27,6 +27,7 @@ def test_pipeline_runs_and_reports(tiny_model_dir: Path, tmp_path: Path):
     assert "code rewards: local sandbox service at http://127.0.0.1:" in log
     result = json.loads(out.read_text())
     assert [s["step"] for s in result["steps"]] == [1] and [v[0] for v in result["val"]] == [0, 1]
+    assert [v[0] for v in result["val_all_passed"]] == [0, 1]  # the scorer's acc, logged as val-aux
     assert all(0.0 <= s["reward"] <= 1.0 for s in result["steps"])
     metrics = [json.loads(line) for line in (tmp_path / "work" / "grpo" / "metrics.jsonl").read_text().splitlines()]
     step = next(m for m in metrics if "critic/score/mean" in m)
