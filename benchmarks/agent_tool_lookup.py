@@ -32,14 +32,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared helpers
-from common import child_env, cpu_kind, describe_machine, hardware_facts, machine_facts, tail, write_json  # noqa: E402
+from common import (  # noqa: E402
+    child_env, cpu_kind, describe_machine, hardware_facts, machine_facts, plot_unit_curves, run_logged, write_json,
+)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 SCORE = "critic/score/mean"
@@ -72,19 +72,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--png", default=None, help="PNG of the curves (default <work-dir>/curves.png)")
     parser.add_argument("--no-check", action="store_true", help="report only; exit 0 even when a criterion fails")
     return parser
-
-
-def run(cmd: list[str], log: Path, env: dict[str, str]) -> float:
-    """Run one CLI command, its output in ``log``; its wall time, or RuntimeError with the log's tail."""
-    print(f"$ {' '.join(cmd)}", flush=True)
-    start = time.perf_counter()
-    with log.open("w") as out:
-        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
-    wall = time.perf_counter() - start
-    if rc != 0:
-        raise RuntimeError(f"exit code {rc} after {wall:.0f} s; last lines of {log}:\n{tail(log, 30)}")
-    print(f"  done in {wall:.0f} s (log: {log})", flush=True)
-    return wall
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -130,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     data = work / "data"
     train_size = args.prompts_per_step * max(args.steps, args.off_steps)
     walls = {}
-    walls["data"] = run([*exe, "data", "tool-lookup", "--out", str(data), "--train-size", str(train_size),
+    walls["data"] = run_logged([*exe, "data", "tool-lookup", "--out", str(data), "--train-size", str(train_size),
                          "--test-size", str(args.test_size), "--sft-size", str(args.sft_size)], work / "data.log", env)
-    walls["sft"] = run([
+    walls["sft"] = run_logged([
         *exe, "sft", f"model.path={args.model}", f"data.train_files=[{data / 'sft.parquet'}]", "data.val_files=[]",
         "data.multiturn.enable=true", f"data.max_length={args.sft_max_length}", "data.train_batch_size=8", "data.micro_batch_size_per_gpu=8",
         f"optim.lr={args.sft_lr}", f"trainer.seed={args.seed}", f"trainer.default_local_dir={work / 'sft'}",
@@ -155,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     for name, (enable, steps) in runs.items():
         run_dir = work / f"grpo_tools_{name}"
-        walls[f"grpo_tools_{name}"] = run([
+        walls[f"grpo_tools_{name}"] = run_logged([
             *exe, "train", *common, f"actor_rollout_ref.rollout.multi_turn.enable={str(enable).lower()}",
             f"trainer.total_training_steps={steps}", f"trainer.test_freq={steps}",
             f"trainer.default_local_dir={run_dir}",
@@ -219,26 +206,15 @@ def format_report(args, results, summary, checks, walls, header, kind) -> str:
 
 
 def plot(results: dict[str, Any], png: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
     on, off = results["on"]["steps"], results["off"]["steps"]
-    ax.plot([s["step"] for s in on], [s["reward"] for s in on], marker="o", color="tab:blue", label="reward, with tools")
-    ax.plot([s["step"] for s in on], [s["validity"] if s["validity"] is not None else float("nan") for s in on],
-            marker=".", linestyle="--", color="tab:green", label="tool-call validity, with tools")
-    ax.plot([s["step"] for s in off], [s["reward"] for s in off], marker="s", color="tab:red", label="reward, tools disabled")
-    ax.set_xlabel("GRPO step (8 prompts × 4 samples, temperature 1)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="center right", fontsize=8)
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    steps_on = [s["step"] for s in on]
+    validity = [s["validity"] if s["validity"] is not None else float("nan") for s in on]
+    plot_unit_curves(png, title, "GRPO step (8 prompts × 4 samples, temperature 1)", [
+        (steps_on, [s["reward"] for s in on], dict(marker="o", color="tab:blue", label="reward, with tools")),
+        (steps_on, validity, dict(marker=".", linestyle="--", color="tab:green", label="tool-call validity, with tools")),
+        ([s["step"] for s in off], [s["reward"] for s in off],
+         dict(marker="s", color="tab:red", label="reward, tools disabled")),
+    ], legend_loc="center right")
 
 
 if __name__ == "__main__":

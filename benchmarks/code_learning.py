@@ -21,14 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared helpers
-from common import child_env, cpu_kind, describe_machine, hardware_facts, machine_facts, tail, write_json  # noqa: E402
+from common import (  # noqa: E402
+    child_env, cpu_kind, describe_machine, hardware_facts, machine_facts, plot_unit_curves, run_logged, write_json,
+)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 VAL_PREFIX = "val-core/hybridflow/code-functions/reward/mean@"
@@ -67,18 +67,6 @@ def val_overrides(args: argparse.Namespace) -> list[str]:
     return [f"{prefix}.do_sample=true", f"{prefix}.temperature={args.val_temperature}", f"{prefix}.n={args.val_n}"]
 
 
-def run(cmd: list[str], log: Path, env: dict[str, str]) -> float:
-    print(f"$ {' '.join(cmd)}", flush=True)
-    start = time.perf_counter()
-    with log.open("w") as out:
-        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
-    wall = time.perf_counter() - start
-    if rc != 0:
-        raise RuntimeError(f"exit code {rc} after {wall:.0f} s; last lines of {log}:\n{tail(log, 30)}")
-    print(f"  done in {wall:.0f} s (log: {log})", flush=True)
-    return wall
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     work = Path(args.work_dir) if args.work_dir else Path(__import__("tempfile").mkdtemp(prefix="code_learning_"))
@@ -90,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(header), flush=True)
     exe = [sys.executable, "-m", "hybridflow.cli"]
     data, run_dir = work / "data", work / "grpo"
-    walls = {"data": run([*exe, "data", "code-functions", "--out", str(data), "--test-size", str(args.test_size),
+    walls = {"data": run_logged([*exe, "data", "code-functions", "--out", str(data), "--test-size", str(args.test_size),
                           "--train-size", str(args.prompts_per_step * args.steps)], work / "data.log", env)}
-    walls["grpo"] = run([
+    walls["grpo"] = run_logged([
         *exe, "train", f"actor_rollout_ref.model.path={args.model}", "algorithm.adv_estimator=grpo",
         f"data.train_files=[{data / 'train.parquet'}]", f"data.val_files=[{data / 'test.parquet'}]",
         f"data.train_batch_size={args.prompts_per_step}", f"actor_rollout_ref.rollout.n={args.n}",
@@ -133,24 +121,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def plot(steps: list[dict[str, Any]], val: list[tuple], png: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    ax.plot([s["step"] for s in steps], [s["reward"] for s in steps], marker=".", color="tab:blue",
-            label="training reward (sampled, fraction of tests passed)")
-    ax.plot([v[0] for v in val], [v[1] for v in val], marker="o", color="tab:green", label="held-out score (sampled)")
-    ax.set_xlabel("GRPO step")
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    plot_unit_curves(png, title, "GRPO step", [
+        ([s["step"] for s in steps], [s["reward"] for s in steps],
+         dict(marker=".", color="tab:blue", label="training reward (sampled, fraction of tests passed)")),
+        ([v[0] for v in val], [v[1] for v in val], dict(marker="o", color="tab:green", label="held-out score (sampled)")),
+    ], legend_loc="lower right")
 
 
 if __name__ == "__main__":

@@ -467,3 +467,39 @@ def side_main(run: Callable[["BenchSettings"], dict[str, Any]], doc: str | None,
     args = parser.parse_args(argv)
     write_json(args.out, run(BenchSettings.load(args.settings)))
     return 0
+
+
+# ---------------------------------------------------------------------------- CLI pipelines
+def run_logged(cmd: list[str], log: Path, env: dict[str, str]) -> float:
+    """Run one CLI command of a pipeline benchmark with its output in ``log``; its wall time,
+    or RuntimeError with the log's tail."""
+    print(f"$ {' '.join(cmd)}", flush=True)
+    start = time.perf_counter()
+    with log.open("w") as out:
+        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
+    wall = time.perf_counter() - start
+    if rc != 0:
+        raise RuntimeError(f"exit code {rc} after {wall:.0f} s; last lines of {log}:\n{tail(log, 30)}")
+    print(f"  done in {wall:.0f} s (log: {log})", flush=True)
+    return wall
+
+
+def plot_unit_curves(png: Path, title: str, xlabel: str, curves: list[tuple[list, list, dict]], legend_loc: str) -> None:
+    """One PNG of curves on a 0..1 axis: ``curves`` are (xs, ys, matplotlib plot kwargs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for xs, ys, style in curves:
+        ax.plot(xs, ys, **style)
+    ax.set_xlabel(xlabel)
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc=legend_loc, fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
