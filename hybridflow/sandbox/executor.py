@@ -24,7 +24,7 @@ import signal
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from hybridflow.sandbox.isolation import (
@@ -61,9 +61,6 @@ class RunResult:
     def passed(self) -> bool:
         """Finished with exit status 0."""
         return self.status == FINISHED and self.return_code == 0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class _UidPool:
@@ -204,11 +201,19 @@ async def _run(
     transport = getattr(proc, "_transport", None)  # asyncio has no public close for a Process's pipes
     if transport is not None:
         transport.close()
-    elapsed = time.perf_counter() - started
     stdout = bytes(streams["stdout"][: limits.max_output_bytes]).decode("utf-8", errors="replace")
     stderr = bytes(streams["stderr"][: limits.max_output_bytes]).decode("utf-8", errors="replace")
-    if over:
-        return RunResult(OUTPUT_LIMIT, None, stdout, stderr + f"\n[stopped: {over[0]} passed {limits.max_output_bytes} bytes]",
+    return _verdict(return_code, stdout, stderr, over[0] if over else None, timed_out, limits, isolation,
+                    time.perf_counter() - started)
+
+
+def _verdict(
+    return_code: int, stdout: str, stderr: str, over: str | None, timed_out: bool, limits: SandboxLimits,
+    isolation: Isolation, elapsed: float,
+) -> RunResult:
+    """Name what ended the run (module docstring): a cap, the clock, the CPU limit, the sandbox, or the program."""
+    if over is not None:
+        return RunResult(OUTPUT_LIMIT, None, stdout, stderr + f"\n[stopped: {over} passed {limits.max_output_bytes} bytes]",
                          elapsed, isolation.level)
     if timed_out:
         return RunResult(TIME_LIMIT, None, stdout, stderr + f"\n[stopped: did not finish within {limits.wall_s:g} s]",

@@ -29,6 +29,7 @@ def tool_text(result: RunResult) -> str:
     if result.status == FINISHED and result.return_code not in (0, None):
         separator = "" if not text or text.endswith("\n") else "\n"
         text = f"{text}{separator}[exit code {result.return_code}]"
+    # a stop note follows stderr on a new line; with nothing printed before it, that line is empty
     return text.lstrip("\n") if not result.stdout else text
 
 

@@ -208,6 +208,22 @@ class CodeRowError(ValueError):
     """A code row that cannot be used; the message names the file, row and field."""
 
 
+def parse_code_tests(ground_truth: Any, what: str = "code ground truth") -> dict[str, Any]:
+    """Test cases (a dict or its JSON) checked: equal-length, non-empty ``inputs`` / ``outputs``
+    lists and a string ``fn_name`` if any; ``ValueError`` starting with ``what`` otherwise."""
+    try:
+        tests = json.loads(ground_truth) if isinstance(ground_truth, (str, bytes)) else ground_truth
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what} is not JSON ({exc.msg})") from None
+    if not isinstance(tests, dict) or not isinstance(tests.get("inputs"), list) or not isinstance(tests.get("outputs"), list):
+        raise ValueError(f"{what} needs 'inputs' and 'outputs' lists")
+    if len(tests["inputs"]) != len(tests["outputs"]) or not tests["inputs"]:
+        raise ValueError(f"{what} has {len(tests['inputs'])} inputs but {len(tests['outputs'])} outputs")
+    if "fn_name" in tests and not isinstance(tests["fn_name"], str):
+        raise ValueError(f"{what} has an fn_name that is not a string")
+    return tests
+
+
 def convert_code_row(row: dict[str, Any], where: str) -> dict[str, Any]:
     """A verl-style code row, checked, with ``reward_model.ground_truth`` as a JSON string."""
     for key in (F.DATA_SOURCE, PROMPT_KEY, F.REWARD_MODEL):
@@ -215,15 +231,9 @@ def convert_code_row(row: dict[str, Any], where: str) -> dict[str, Any]:
             raise CodeRowError(f"{where}: missing column {key!r}")
     truth = row[F.REWARD_MODEL].get("ground_truth") if isinstance(row[F.REWARD_MODEL], dict) else None
     try:
-        tests = json.loads(truth) if isinstance(truth, str) else truth
-    except json.JSONDecodeError as exc:
-        raise CodeRowError(f"{where}: reward_model.ground_truth is not JSON ({exc.msg})") from None
-    if not isinstance(tests, dict) or not isinstance(tests.get("inputs"), list) or not isinstance(tests.get("outputs"), list):
-        raise CodeRowError(f"{where}: reward_model.ground_truth needs 'inputs' and 'outputs' lists")
-    if len(tests["inputs"]) != len(tests["outputs"]) or not tests["inputs"]:
-        raise CodeRowError(f"{where}: {len(tests['inputs'])} inputs but {len(tests['outputs'])} outputs")
-    if "fn_name" in tests and not isinstance(tests["fn_name"], str):
-        raise CodeRowError(f"{where}: fn_name must be a string")
+        tests = parse_code_tests(truth, "reward_model.ground_truth")
+    except ValueError as exc:
+        raise CodeRowError(f"{where}: {exc}") from None
     reward = {**row[F.REWARD_MODEL], "ground_truth": json.dumps(tests), "style": row[F.REWARD_MODEL].get("style") or "rule"}
     return {**row, F.REWARD_MODEL: reward}
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from hybridflow.data.tasks.code_functions import parse_code_tests
 from hybridflow.sandbox.client import FusionSandbox, LocalSandbox, SandboxClient
 from hybridflow.sandbox.executor import FINISHED, OUTPUT_LIMIT, SANDBOX_ERROR, TIME_LIMIT, RunResult
 from hybridflow.sandbox.limits import SandboxLimits
@@ -87,16 +88,6 @@ def extract_code(response: str, fn_name: str | None = None) -> str | None:
     return candidates[-1] if candidates else None
 
 
-def parse_tests(ground_truth: Any) -> dict[str, Any]:
-    """The test cases as a dict with equal-length ``inputs`` / ``outputs`` (ValueError otherwise)."""
-    tests = json.loads(ground_truth) if isinstance(ground_truth, (str, bytes)) else ground_truth
-    if not isinstance(tests, dict) or not isinstance(tests.get("inputs"), list) or not isinstance(tests.get("outputs"), list):
-        raise ValueError("code ground truth must be a dict (or JSON) with 'inputs' and 'outputs' lists")
-    if len(tests["inputs"]) != len(tests["outputs"]) or not tests["inputs"]:
-        raise ValueError(f"code ground truth has {len(tests['inputs'])} inputs and {len(tests['outputs'])} outputs")
-    return tests
-
-
 def _same_stdout(actual: str, expected: Any) -> bool:
     def norm(text: str) -> list[str]:
         return [line.rstrip() for line in str(text).rstrip().splitlines()]
@@ -144,7 +135,7 @@ def compute_score(
 ) -> dict[str, Any]:
     """Score one response (rules: module docstring)."""
     spec = sandbox or CodeSandboxSpec()
-    tests = parse_tests(ground_truth)
+    tests = parse_code_tests(ground_truth)
     total = len(tests["inputs"])
     program = extract_code(solution_str, tests.get("fn_name"))
     if program is None:
