@@ -16,6 +16,7 @@ from hybridflow.utils.errors import DEBUG_ENV
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("hybridflow.trainer.main_ppo", "RL post-training (PPO, GRPO, ...) with verl-style overrides"),
     "sft": ("hybridflow.trainer.main_sft", "supervised fine-tuning on prompt/response or multi-turn chat data"),
+    "rm": ("hybridflow.trainer.main_rm", "train a Bradley–Terry reward model on prompt/chosen/rejected pairs"),
     "data": ("hybridflow.data.__main__", "write a built-in task's train/test files"),
     "config": ("hybridflow.config.__main__", "print the fully resolved config for a set of overrides"),
     "plot": ("hybridflow.trainer.main_plot", "draw a run directory's curves into a PNG"),

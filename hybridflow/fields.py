@@ -35,6 +35,7 @@ REF_LOG_PROB = "ref_log_prob"
 ENTROPYS = "entropys"
 VALUES = "values"
 TOKEN_LEVEL_SCORES = "token_level_scores"
+RM_SCORES = "rm_scores"
 TOKEN_LEVEL_REWARDS = "token_level_rewards"
 ADVANTAGES = "advantages"
 RETURNS = "returns"
@@ -62,6 +63,7 @@ FIELDS: dict[str, Field] = {
         Field(REF_LOG_PROB, "(B, T)", True, "reference-policy log-probs (ℓ_ref)"),
         Field(ENTROPYS, "(B, T)", True, "per-token entropy of the actor's distribution"),
         Field(VALUES, "(B, T)", True, "critic values V_t"),
+        Field(RM_SCORES, "(B, T)", True, "reward-model scores at each response's last token"),
         Field(TOKEN_LEVEL_SCORES, "(B, T)", True, "reward-function scores placed on tokens"),
         Field(TOKEN_LEVEL_REWARDS, "(B, T)", True, "scores minus in-reward KL, if any"),
         Field(ADVANTAGES, "(B, T)", True, "advantage estimates"),

@@ -4,7 +4,7 @@
     python -m hybridflow.config.generate --check  # exit 1 if any is out of date
 
 Writes ``hybridflow/config/ppo_trainer.yaml``, ``hybridflow/config/sft_trainer.yaml`` and the
-generated regions of ``docs/configuration.md`` and ``docs/sft.md`` (between
+generated regions of ``docs/configuration.md``, ``docs/sft.md`` and ``docs/reward_models.md`` (between
 ``<!-- BEGIN GENERATED: name -->`` and ``<!-- END GENERATED: name -->``; the prose around them
 is hand-written).
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hybridflow.config.ppo import PPOConfig
 from hybridflow.config.render import render_defaults_yaml, render_reference_markdown, render_verl_markdown
+from hybridflow.config.rm import RMConfig
 from hybridflow.config.sft import SFTConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent
@@ -26,6 +27,7 @@ PPO_YAML = CONFIG_DIR / "ppo_trainer.yaml"
 DOC = CONFIG_DIR.parents[1] / "docs" / "configuration.md"
 SFT_YAML = CONFIG_DIR / "sft_trainer.yaml"
 SFT_DOC = CONFIG_DIR.parents[1] / "docs" / "sft.md"
+RM_DOC = CONFIG_DIR.parents[1] / "docs" / "reward_models.md"
 
 DOC_REGIONS: dict[str, Callable[[], str]] = {
     "ppo-keys": lambda: render_reference_markdown(PPOConfig),
@@ -35,6 +37,9 @@ DOC_REGIONS: dict[str, Callable[[], str]] = {
 
 SFT_DOC_REGIONS: dict[str, Callable[[], str]] = {
     "sft-keys": lambda: render_reference_markdown(SFTConfig),
+}
+RM_DOC_REGIONS: dict[str, Callable[[], str]] = {
+    "rm-keys": lambda: render_reference_markdown(RMConfig),
 }
 
 
@@ -72,6 +77,9 @@ def outdated() -> list[Path]:
     sft_doc = SFT_DOC.read_text(encoding="utf-8")
     if fill_regions(sft_doc, SFT_DOC_REGIONS, SFT_DOC) != sft_doc:
         stale.append(SFT_DOC)
+    rm_doc = RM_DOC.read_text(encoding="utf-8")
+    if fill_regions(rm_doc, RM_DOC_REGIONS, RM_DOC) != rm_doc:
+        stale.append(RM_DOC)
     return stale
 
 
@@ -88,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     DOC.write_text(fill_regions(DOC.read_text(encoding="utf-8")), encoding="utf-8")
     SFT_YAML.write_text(expected_sft_yaml(), encoding="utf-8")
     SFT_DOC.write_text(fill_regions(SFT_DOC.read_text(encoding="utf-8"), SFT_DOC_REGIONS, SFT_DOC), encoding="utf-8")
-    print(f"wrote {PPO_YAML}\nwrote {DOC}\nwrote {SFT_YAML}\nwrote {SFT_DOC}")
+    RM_DOC.write_text(fill_regions(RM_DOC.read_text(encoding="utf-8"), RM_DOC_REGIONS, RM_DOC), encoding="utf-8")
+    print(f"wrote {PPO_YAML}\nwrote {DOC}\nwrote {SFT_YAML}\nwrote {SFT_DOC}\nwrote {RM_DOC}")
     return 0
 
 

@@ -135,10 +135,39 @@ class CodeRewardConfig:
 
 
 @dataclass(frozen=True)
+class RewardModelModelConfig:
+    """``reward_model.model``: the reward model (docs/reward_models.md)."""
+
+    path: str | None = setting(
+        None, "a reward-model folder (*ForSequenceClassification, one output, e.g. `hybridflow rm`'s hf/); with "
+        "custom_reward_function.path: a causal LM served as a judge at reward_router_address"
+    )
+    input_tokenizer: str | None = setting(
+        None, "tokenizer that decodes the policy's responses for re-templating; null = the policy's"
+    )
+    dtype: str = setting("auto", "reward model / judge weights: auto (bf16 where the CPU is fast at it), fp32, bf16")
+    trust_remote_code: bool = setting(False, "allow custom model code in the reward model's folder")
+
+
+@dataclass(frozen=True)
 class RewardModelConfig:
     """``reward_model``: how responses are scored."""
 
-    enable: bool = setting(False, "score with a reward model instead of only rule-based functions")
+    enable: bool = setting(False, "score with a reward model (or, with custom_reward_function.path, a served judge)")
+    model: RewardModelModelConfig = section(RewardModelModelConfig, "the reward model")
+    micro_batch_size_per_gpu: int | None = setting(None, "rows per reward-model forward; null = 4", ge=1)
+    use_dynamic_bsz: bool = setting(False, "micro-batches by token budget (forward_max_token_len_per_gpu)")
+    forward_max_token_len_per_gpu: int = setting(32768, "token budget of one micro-batch with use_dynamic_bsz", ge=1)
+    max_length: int | None = setting(
+        None, "longest reward-model input; longer rows keep their last max_length tokens (null = no limit)", ge=2
+    )
+    rule_reward: Literal["off", "log", "add"] = setting(
+        "off", "with a reward model: off = its score is the reward (verl); log = also run the rule scorer and "
+        "log it (rule_score); add = reward = reward-model score + rule score"
+    )
+    enable_resource_pool: bool = setting(False, "the reward model on its own resource pool (n_gpus_per_node × nnodes)")
+    n_gpus_per_node: int = setting(0, "ranks per node of the reward model's own pool (enable_resource_pool)", ge=0)
+    nnodes: int = setting(0, "nodes of the reward model's own pool (enable_resource_pool)", ge=0)
     reward_manager: str = setting("naive", "reward manager in the registry: naive, batch, dapo, prime")
     timeout_s: float = setting(10.0, "seconds one scoring call may take before it scores 0", gt=0)
     num_workers: int | None = setting(

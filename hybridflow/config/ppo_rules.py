@@ -317,14 +317,36 @@ def rule_algorithm(cfg: PPOConfig) -> list[str]:
     return problems
 
 
+def rule_reward_model(cfg: PPOConfig) -> list[str]:
+    """A reward model needs weights; its own pool needs a size; a served judge needs a function to ask it."""
+    rm = cfg.reward_model
+    problems = []
+    if rm.model.dtype not in ("auto", "fp32", "bf16"):
+        problems.append(f"reward_model.model.dtype must be auto, fp32 or bf16, got {rm.model.dtype!r}")
+    if not rm.enable:
+        if rm.rule_reward != "off":
+            problems.append(f"reward_model.rule_reward={rm.rule_reward} needs reward_model.enable=true")
+        return problems
+    if not rm.model.path:
+        problems.append(
+            "reward_model.enable=true needs reward_model.model.path: a reward-model folder (train one with "
+            "`hybridflow rm`), or with custom_reward_function.path a judge model to serve"
+        )
+    if rm.enable_resource_pool and rm.n_gpus_per_node * rm.nnodes == 0:
+        problems.append(
+            "reward_model.enable_resource_pool=true needs reward_model.n_gpus_per_node and reward_model.nnodes >= 1"
+        )
+    if cfg.custom_reward_function.path and rm.rule_reward != "off":
+        problems.append(
+            f"reward_model.rule_reward={rm.rule_reward} combines a reward model's scores with rules; with "
+            "custom_reward_function.path the custom function asks the judge and returns the one score: leave it off"
+        )
+    return problems
+
+
 def rule_not_yet(cfg: PPOConfig) -> list[str]:
     """Switches of features a later version brings: accepted off (verl's defaults), refused on."""
     problems = []
-    if cfg.reward_model.enable:
-        problems.append(
-            "reward_model.enable=true: scoring with a reward model is not implemented yet; score with a rule-based "
-            "function (the built-in scorers, or custom_reward_function.path) and set reward_model.enable=false"
-        )
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     if mt.interaction_config_path:
         problems.append(
@@ -371,5 +393,6 @@ PPO_RULES: tuple[Callable[[PPOConfig], list[str]], ...] = (
     rule_data,
     rule_algorithm,
     rule_trainer,
+    rule_reward_model,
     rule_not_yet,
 )

@@ -7,17 +7,23 @@ raising, so a user sees all mistakes at once:
 1. per-key checks: types and declared bounds;
 2. :func:`resolve_sft_config`: every ``None`` documented as "= <other key>" gets its value;
 3. cross-key rules (:data:`SFT_RULES`).
+
+The reward-model trainer's rules (``rm_rules.py``) reuse that sequence (:func:`finalize_config`),
+the seed and run-folder defaults and the single-process rule, so both trainers read them alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any, TypeVar
 
 from hybridflow.config.build import check_leaves
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.loader import load_structured
-from hybridflow.config.sft import SFTConfig
+from hybridflow.config.sft import SFTConfig, SFTTrainerConfig
+
+C = TypeVar("C")
 
 
 def load_sft_config(config_files: list[str] | None = None, overrides: list[str] | None = None) -> SFTConfig:
@@ -32,11 +38,18 @@ def load_sft_config(config_files: list[str] | None = None, overrides: list[str] 
 
 def finalize_sft_config(cfg: SFTConfig) -> SFTConfig:
     """Check ``cfg``, fill in derived defaults, check cross-key rules; raise :class:`ConfigError`."""
+    return finalize_config(cfg, resolve_sft_config, SFT_RULES)
+
+
+def finalize_config(cfg: C, resolve: Callable[[C], C], rules: Sequence[Callable[[C], list[str]]]) -> C:
+    """Per-key checks of ``cfg``, then ``resolve`` (derived defaults), then the cross-key ``rules``
+    on the resolved config; each stage raises one :class:`ConfigError` with all its problems.
+    The sequence of every single-process trainer's config (SFT, reward model)."""
     problems = check_leaves(cfg)
     if problems:
         raise ConfigError(problems)
-    resolved = resolve_sft_config(cfg)
-    problems = [p for rule in SFT_RULES for p in rule(resolved)]
+    resolved = resolve(cfg)
+    problems = [p for rule in rules for p in rule(resolved)]
     if problems:
         raise ConfigError(problems)
     return resolved
@@ -44,13 +57,19 @@ def finalize_sft_config(cfg: SFTConfig) -> SFTConfig:
 
 def resolve_sft_config(cfg: SFTConfig) -> SFTConfig:
     """Fill ``data.seed`` (= trainer.seed), ``model.strategy`` (auto = torch) and the checkpoint root."""
+    cfg = resolve_seed_and_run_dir(cfg)
+    strategy = "torch" if cfg.model.strategy == "auto" else cfg.model.strategy
+    return replace(cfg, model=replace(cfg.model, strategy=strategy))
+
+
+def resolve_seed_and_run_dir(cfg: Any) -> Any:
+    """``cfg`` (a config with ``data.seed`` and an SFT-style ``trainer``) with ``data.seed``
+    (= trainer.seed) and ``trainer.default_local_dir`` (= checkpoints/{project}/{experiment}) filled."""
     trainer = cfg.trainer
     default_dir = f"checkpoints/{trainer.project_name}/{trainer.experiment_name}"
-    strategy = "torch" if cfg.model.strategy == "auto" else cfg.model.strategy
     return replace(
         cfg,
         data=replace(cfg.data, seed=trainer.seed if cfg.data.seed is None else cfg.data.seed),
-        model=replace(cfg.model, strategy=strategy),
         trainer=replace(trainer, default_local_dir=trainer.default_local_dir or default_dir),
     )
 
@@ -59,11 +78,15 @@ def resolve_sft_config(cfg: SFTConfig) -> SFTConfig:
 
 
 def rule_single_process(cfg: SFTConfig) -> list[str]:
-    trainer = cfg.trainer
+    return single_process_problems(cfg.trainer, "the SFT trainer")
+
+
+def single_process_problems(trainer: SFTTrainerConfig, who: str) -> list[str]:
+    """A problem unless ``trainer`` asks for exactly one process (``who`` names the trainer)."""
     if trainer.nnodes * trainer.n_gpus_per_node != 1:
         return [
             f"trainer.nnodes × trainer.n_gpus_per_node = {trainer.nnodes} × {trainer.n_gpus_per_node}: "
-            "the SFT trainer runs in one process; set both to 1"
+            f"{who} runs in one process; set both to 1"
         ]
     return []
 

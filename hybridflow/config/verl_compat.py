@@ -110,11 +110,7 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey("critic.model.lora_alpha", "the critic is trained in full"),
     IgnoredKey("critic.model.target_modules", "the critic is trained in full"),
     IgnoredKey("reward_model.strategy", "reward-model engine settings"),
-    IgnoredKey("reward_model.micro_batch_size", "reward-model engine settings"),
-    IgnoredKey("reward_model.micro_batch_size_per_gpu", "reward-model engine settings"),
-    IgnoredKey("reward_model.use_dynamic_bsz", "reward-model engine settings"),
-    IgnoredKey("reward_model.forward_max_token_len_per_gpu", "reward-model engine settings"),
-    IgnoredKey("reward_model.max_length", "reward-model engine settings"),
+    IgnoredKey("reward_model.micro_batch_size", "deprecated global micro-batch; use reward_model.micro_batch_size_per_gpu"),
     IgnoredKey("reward_model.launch_reward_fn_async", "scoring overlaps nothing here; a speed option only"),
     IgnoredKey("data.use_shm", "shared-memory data loading; a speed option only"),
     IgnoredKey("data.dataloader_num_workers", "rows are read in the trainer process; a loader-speed option only"),
@@ -138,7 +134,9 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey("ray_kwargs.*", "Ray start-up options (use trainer.ray_address for a running cluster)"),
     IgnoredKey("transfer_queue.*", "verl data-transfer service"),
     IgnoredKey("data.trust_remote_code", "uses actor_rollout_ref.model.trust_remote_code"),
-    IgnoredKey("reward_model.model.*", "reward-model weights (model-based rewards are not implemented)"),
+    IgnoredKey("reward_model.model.external_lib", "model classes come from transformers (trust_remote_code for custom code)"),
+    IgnoredKey("reward_model.model.override_config.*", "the reward model's own config is used as saved", only_when_off=True),
+    IgnoredKey("reward_model.model.use_remove_padding", "padding-free kernels; a speed option only"),
     IgnoredKey("data.custom_cls.*", "custom dataset classes are not supported", only_when_off=True),
     # verl's sft_trainer.yaml (root-level model / optim / data keys of the SFT trainer)
     IgnoredKey("ulysses_sequence_parallel_size", "sequence parallelism is not implemented; memory option only"),
@@ -189,10 +187,8 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey("data.tool_config_path", "verl's dataset copy of actor_rollout_ref.rollout.multi_turn.tool_config_path, "
                "which is the one read"),
     IgnoredKey("data.image_patch_size", "multi-modal models are not supported; the key has no effect on text"),
-    IgnoredKey("reward_model.enable_resource_pool", "a separate reward-model resource pool (reward models: not yet)"),
-    IgnoredKey("reward_model.n_gpus_per_node", "a separate reward-model resource pool (reward models: not yet)"),
-    IgnoredKey("reward_model.nnodes", "a separate reward-model resource pool (reward models: not yet)"),
-    IgnoredKey("reward_model.rollout.*", "the reward model's own server (reward models: not yet)"),
+    IgnoredKey("reward_model.rollout.*", "engine settings of verl's reward-model server; a judge is served by `hybridflow serve` "
+               "with reward_model.model.dtype"),
     IgnoredKey("reward_model.use_reward_loop", "verl's reward-loop implementation switch; rewards are computed by "
                "reward_model.reward_manager here"),
     IgnoredKey("reward_model.reward_loop_source", "custom reward-loop classes are not supported", only_when_off=True,

@@ -146,7 +146,10 @@ def right_pad(ids: list[int], mask: list[int], length: int, pad_token_id: int) -
     }
 
 
-def _check_messages(value: Any, fail) -> list[dict[str, Any]]:
+def check_messages(value: Any, fail: Callable[[str], Exception]) -> list[dict[str, Any]]:
+    """``value`` as a list of ``{role, content, ...}`` chat messages, keys whose value is None dropped;
+    ``fail(message)`` builds the error raised for a malformed one (it names the file, row and column).
+    Shared by the SFT and the preference-pair datasets, so both accept the same message rows."""
     if not isinstance(value, (list, tuple)) or not value:
         raise fail(f"expected a non-empty list of {{role, content}} chat messages, got {value!r:.80}")
     messages = []
@@ -245,7 +248,7 @@ class SFTDataset(Dataset):
                 raise DataRowError(file, index, key, f"missing column (row has: {', '.join(sorted(row)) or 'nothing'})")
         if self.messages_key is not None:
             fail = partial(DataRowError, file, index, self.messages_key)
-            messages = _check_messages(row[self.messages_key], fail)
+            messages = check_messages(row[self.messages_key], fail)
             if not any(m["role"] == ASSISTANT for m in messages):
                 raise fail("no assistant message: nothing to train on")
             return messages, 0, self.messages_key
@@ -256,7 +259,7 @@ class SFTDataset(Dataset):
                 raise fail("empty prompt")
             prompt_messages = [{"role": "user", "content": prompt}]
         else:
-            prompt_messages = _check_messages(prompt, fail)
+            prompt_messages = check_messages(prompt, fail)
         response = row[self.response_key]
         if not isinstance(response, str):
             raise DataRowError(file, index, self.response_key, f"expected a string, got {type(response).__name__}")

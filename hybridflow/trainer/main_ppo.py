@@ -25,6 +25,7 @@ from hybridflow.data import RLDataset, StatefulDataLoader
 from hybridflow.data.io import read_column
 from hybridflow.data.tasks import TASKS
 from hybridflow.models import load_tokenizer, resolve_model_path
+from hybridflow.server.local import LocalServer
 from hybridflow.tracking import Tracking
 from hybridflow.trainer.plot import plot_run
 from hybridflow.trainer.ppo_trainer import PPOTrainer, WorkerGroups
@@ -34,6 +35,7 @@ from hybridflow.sandbox.isolation import require_isolation
 from hybridflow.sandbox.limits import SandboxLimits
 from hybridflow.sandbox.local_service import LocalSandboxService
 from hybridflow.workers.reward import CustomRewardFunction, build_reward_manager
+from hybridflow.workers.reward.model import RewardModelWorker
 from hybridflow.workers.reward.scores import CODE_SOURCES
 from hybridflow.workers.reward.scores.code import CodeSandboxSpec
 from hybridflow.workers.rollout.worker import RolloutWorker
@@ -103,7 +105,9 @@ def build_loaders(config: PPOConfig, tokenizer) -> tuple[StatefulDataLoader, Sta
         truncation=data.truncation,
         filter_overlong_prompts=data.filter_overlong_prompts,
         # the agent loops render the chat messages (tool_agent adds tools and tool turns)
-        return_raw_chat=data.return_raw_chat or config.actor_rollout_ref.rollout.multi_turn.enable,
+        # reward models re-template responses from the chat messages when their tokenizer differs
+        return_raw_chat=(data.return_raw_chat or config.actor_rollout_ref.rollout.multi_turn.enable
+                         or config.reward_model.enable),
         chat_template_kwargs=dict(data.apply_chat_template_kwargs),
     )
     limits = {"data.train_files": _samples(data.max_samples), "data.val_files": _samples(data.val_max_samples)}
@@ -152,14 +156,30 @@ def code_sandbox_spec(config: PPOConfig) -> CodeSandboxSpec:
     return spec
 
 
-def build_reward_fns(config: PPOConfig, tokenizer):
+def serves_judge(config: PPOConfig) -> bool:
+    """verl's generative reward model: ``reward_model.enable`` with a custom reward function, which
+    asks the served ``reward_model.model.path`` (at ``reward_router_address``)."""
+    return config.reward_model.enable and bool(config.custom_reward_function.path)
+
+
+def start_judge(config: PPOConfig) -> LocalServer:
+    """``hybridflow serve`` of the judge model on a free loopback port."""
+    model = config.reward_model.model
+    server = LocalServer(model.path, dtype=model.dtype, trust_remote_code=model.trust_remote_code)
+    print(f"judge: {model.path} served at {server.url} (reward_router_address={server.address})")
+    return server
+
+
+def build_reward_fns(config: PPOConfig, tokenizer, judge_address: str | None = None):
     """The training and validation reward managers: one object, as both use the same scorer and
     settings, so the run keeps one set of scoring processes (see ``ScorerPool``). A custom
-    reward file is imported in those processes, never here (see ``CustomRewardFunction``)."""
+    reward file is imported in those processes, never here (see ``CustomRewardFunction``).
+    ``judge_address``: passed to the custom function as ``reward_router_address`` (verl's name)."""
     custom = config.custom_reward_function
-    compute_score = (
-        CustomRewardFunction(custom.path, custom.name, dict(custom.reward_kwargs)) if custom.path else None
-    )
+    reward_kwargs = dict(custom.reward_kwargs)
+    if judge_address is not None:
+        reward_kwargs["reward_router_address"] = judge_address
+    compute_score = CustomRewardFunction(custom.path, custom.name, reward_kwargs) if custom.path else None
     rm = config.reward_model
     extra = {}
     if rm.reward_manager == "dapo":
@@ -175,7 +195,7 @@ def build_reward_fns(config: PPOConfig, tokenizer):
     extra["code_sandbox"] = code_sandbox_spec(config)
     kwargs = dict(
         compute_score=compute_score, reward_fn_key=config.data.reward_fn_key, timeout_s=rm.timeout_s,
-        memory_limit_mb=rm.memory_limit_mb, **extra,
+        memory_limit_mb=rm.memory_limit_mb, rule_reward=rm.rule_reward, **extra,
     )
     manager = build_reward_manager(rm.reward_manager, tokenizer, **kwargs)
     return manager, manager
@@ -211,14 +231,29 @@ def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> W
         if role in roles:
             roles[role].init_model()
     owners, critic = [group], roles.get("critic")
+    rm = build_reward_model_workers(config, device) if config.reward_model.enable and not serves_judge(config) else None
+    if rm is not None:
+        owners.append(rm)
     if config.critic.enable and not colocate_critic:  # its own processes: a second resource pool
         critic_pool = ResourcePool([trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=device == "cuda")
         critic = create_worker_group(trainer.backend, critic_pool, critic_spec)
         critic.init_model()
         owners.append(critic)
     return WorkerGroups(
-        actor=roles["actor"], rollout=roles["rollout"], ref=roles.get("ref"), critic=critic, owners=owners
+        actor=roles["actor"], rollout=roles["rollout"], ref=roles.get("ref"), critic=critic, rm=rm, owners=owners
     )
+
+
+def build_reward_model_workers(config: PPOConfig, device: str):
+    """The reward model's own worker group: on the trainer's pool shape, or its own
+    (``reward_model.enable_resource_pool``: ``n_gpus_per_node × nnodes``)."""
+    rm, trainer = config.reward_model, config.trainer
+    shape = [rm.n_gpus_per_node] * rm.nnodes if rm.enable_resource_pool else [trainer.n_gpus_per_node] * trainer.nnodes
+    spec = ClassWithInitArgs(RewardModelWorker, rm, policy_tokenizer=config.data.tokenizer or config.actor_rollout_ref.model.path,
+                             device=device)
+    group = create_worker_group(trainer.backend, ResourcePool(shape, use_gpu=device == "cuda"), spec)
+    group.init_model()
+    return group
 
 
 def build_trainer(config: PPOConfig) -> PPOTrainer:
@@ -228,7 +263,8 @@ def build_trainer(config: PPOConfig) -> PPOTrainer:
     tokenizer = load_tokenizer(config.data.tokenizer or model_path)
     train_loader, val_loader = build_loaders(config, tokenizer)
     total_steps = config.trainer.total_training_steps or len(train_loader) * config.trainer.total_epochs
-    reward_fn, val_reward_fn = build_reward_fns(config, tokenizer)
+    judge = start_judge(config) if serves_judge(config) else None
+    reward_fn, val_reward_fn = build_reward_fns(config, tokenizer, judge.address if judge else None)
     run_dir = Path(config.trainer.default_local_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     loggers = list(dict.fromkeys([*config.trainer.logger, "jsonl"]))  # jsonl feeds the plot
@@ -237,9 +273,11 @@ def build_trainer(config: PPOConfig) -> PPOTrainer:
     )
     needs_ref = PPOTrainer.needs_reference(config)
     workers = build_workers(config, total_steps, needs_ref)
-    return PPOTrainer(
+    trainer = PPOTrainer(
         config, tokenizer, workers, reward_fn, val_reward_fn, train_loader, val_loader, tracking, run_dir, total_steps
     )
+    trainer.services += [judge] if judge is not None else []
+    return trainer
 
 
 def run(config: PPOConfig) -> dict[str, float]:

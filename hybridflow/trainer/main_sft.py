@@ -15,22 +15,20 @@ import argparse
 import os
 import sys
 from functools import partial
-from pathlib import Path
 
 import torch
 
 from hybridflow.agent.parsers import get_tool_parser
 from hybridflow.agent.tool_agent import tool_prompt_messages
 from hybridflow.config import ConfigError, SFTConfig, load_sft_config
-from hybridflow.config.build import to_dict
 from hybridflow.data import StatefulDataLoader
 from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.engine.checkpoint import CheckpointFileError
 from hybridflow.models import ModelLoadError, choose_attn_implementation, load_model_and_tokenizer
-from hybridflow.tracking import Tracking
 from hybridflow.trainer.checkpoint import CheckpointError
 from hybridflow.trainer.main_ppo import build_datasets_validated, check_data_files, resolve_device
-from hybridflow.trainer.sft_trainer import HF_FOLDER, SFTTrainer
+from hybridflow.trainer.sft_trainer import SFTTrainer
+from hybridflow.trainer.supervised_loop import build_tracking, fit_and_report
 from hybridflow.workers.engine_factory import build_engine
 from hybridflow.workers.ppo_loop import micro_batch_spec
 from hybridflow.utils.allocator import keep_freed_memory
@@ -103,26 +101,15 @@ def build_sft_trainer(config: SFTConfig) -> SFTTrainer:
         world_size=1,
         owner="model",
     )
-    run_dir = Path(config.trainer.default_local_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    loggers = list(dict.fromkeys([*config.trainer.logger, "jsonl"]))  # metrics.jsonl: curves and comparisons
-    tracking = Tracking(
-        loggers, run_dir, config.trainer.project_name, config.trainer.experiment_name, config=to_dict(config)
-    )
+    tracking = build_tracking(config)
     return SFTTrainer(config, engine, tokenizer, train_loader, val_loader, tracking, total_steps, micro_batch)
 
 
 def run(trainer: SFTTrainer) -> dict[str, float]:
     """Fit; prints where the run folder and the last HF model folder are."""
-    try:
-        metrics = trainer.fit()
-    finally:
-        trainer.tracking.finish()
-    print(f"run folder: {trainer.checkpoint_root} (metrics.jsonl, checkpoints)")
-    hf = trainer.checkpoint_root / f"global_step_{trainer.global_step}" / HF_FOLDER
-    if hf.is_dir():
-        print(f"Hugging Face model folder: {hf}  (e.g. actor_rollout_ref.model.path={hf})")
-    return metrics
+    return fit_and_report(
+        trainer, lambda hf: f"Hugging Face model folder: {hf}  (e.g. actor_rollout_ref.model.path={hf})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ import torch
 
 from hybridflow import fields as F
 from hybridflow.protocol import DataProto
+from hybridflow.workers.reward import RULE_SCORE
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -36,6 +37,8 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]
     metrics: dict[str, float] = {}
     metrics |= _stats("critic/score", td[F.TOKEN_LEVEL_SCORES].sum(-1))
     metrics |= _stats("critic/rewards", td[F.TOKEN_LEVEL_REWARDS].sum(-1))
+    if RULE_SCORE in batch.non_tensor_batch:  # reward_model.rule_reward=log|add: the rule's view of the same responses
+        metrics |= _stats("critic/rule_score", torch.tensor(batch.non_tensor_batch[RULE_SCORE].astype(float)))
     metrics |= _stats("critic/advantages", td[F.ADVANTAGES][mask])
     metrics |= _stats("critic/returns", td[F.RETURNS][mask])
     if use_critic and F.VALUES in td.keys():

@@ -6,7 +6,7 @@ numbered phases of the HybridFlow paper's algorithm, each a named call.
     step(batch):
       0 prepare       uid per prompt, repeat rollout.n times (interleaved)
       1 rollout       rollout.generate_sequences           (+ ReMax greedy baseline pass)
-      2 reward        reward_fn(batch) → token_level_scores
+      2 reward        rm.compute_rm_score (with a reward model), reward_fn(batch) → token_level_scores
      2b filter        DAPO dynamic sampling: drop groups whose responses all score alike,
                       repeat 0–2 on further prompt batches until the batch is full (optional)
       3 old logp      actor.compute_log_prob               (skipped when on-policy)
@@ -73,6 +73,7 @@ class WorkerGroups:
     rollout: Any
     ref: Any | None = None
     critic: Any | None = None
+    rm: Any | None = None  # reward-model workers (reward_model.enable with a sequence-classification model)
     owners: list[Any] = field(default_factory=list)  # groups that own worker processes; shut down at the end
 
 
@@ -103,6 +104,7 @@ class PPOTrainer:
         self.run_dir = Path(run_dir)
         self.total_training_steps = total_training_steps
         self.global_steps = 0
+        self.services: list[Any] = []  # child processes of this run (a served judge), closed with it
 
         algo, arr = config.algorithm, config.actor_rollout_ref
         self.spec = get_estimator_spec(algo.adv_estimator)
@@ -334,14 +336,20 @@ class PPOTrainer:
         )
         greedy = self.workers.rollout.generate_sequences(greedy_in)
         greedy.non_tensor_batch.update(prompts.non_tensor_batch)
-        scores, _ = self.reward_fn(greedy)
+        scores, _ = self.reward_fn(self.add_rm_scores(greedy))
         baselines = scores.sum(-1).repeat_interleave(n)
         batch.batch[F.REWARD_BASELINES] = baselines
         return batch
 
+    def add_rm_scores(self, batch: DataProto) -> DataProto:
+        """2a: ``rm_scores`` from the reward-model workers, if any (the manager reads them)."""
+        if self.workers.rm is None:
+            return batch
+        return batch.union(self.workers.rm.compute_rm_score(batch))
+
     def compute_reward(self, batch: DataProto) -> dict[str, float]:
         """2: token_level_scores (B, T) from the reward manager; fault counts as metrics."""
-        scores, extra = self.reward_fn(batch)
+        scores, extra = self.reward_fn(self.add_rm_scores(batch))
         batch.batch[F.TOKEN_LEVEL_SCORES] = scores
         # Per-response values travel as columns (as in verl), so row reordering (balance_batch)
         # and row selection (dynamic sampling) keep them aligned.
@@ -435,7 +443,7 @@ class PPOTrainer:
             batch = self.generate(batch.repeat(vk.n, interleave=True), validate=True, progress_desc=desc)
             for name, value in batch.meta_info.pop(ROLLOUT_METRICS, {}).items():
                 val_rollout.setdefault(f"val-aux/{name}", []).append(value)
-            token_scores, extra = self.val_reward_fn(batch)
+            token_scores, extra = self.val_reward_fn(self.add_rm_scores(batch))
             row_scores = token_scores.sum(-1).tolist()
             sources += batch.non_tensor_batch[F.DATA_SOURCE].tolist()
             prompt_ids += batch.non_tensor_batch[F.UID].tolist()
@@ -483,6 +491,8 @@ class PPOTrainer:
         finally:
             for group in self.workers.owners:
                 group.shutdown()
+            for service in self.services:
+                service.close()
             for reward_fn in {id(fn): fn for fn in (self.reward_fn, self.val_reward_fn)}.values():
                 close = getattr(reward_fn, "close", None)  # a plain function stands for a manager in tests
                 if callable(close):

@@ -50,7 +50,6 @@ def test_verls_structure_loads_into_a_valid_cpu_run_config(caplog):
         ("reward_manager.module.path=/x.py", "reward_manager: not supported"),
         ("actor_rollout_ref.actor.loss_scale_factor=2.0", "loss_scale_factor: not supported"),
         ("actor_rollout_ref.actor.grad_clip=0.5", "optim.clip_grad=0.8 and actor_rollout_ref.actor.grad_clip=0.5"),
-        ("reward_model.enable=true", "reward_model.enable=true"),
     ],
 )
 def test_features_switched_on_in_that_structure_are_refused(override, message):
@@ -65,3 +64,10 @@ def test_hydra_style_config_path_and_name(tmp_path):
         hydra_config_file("conf", None)
     cfg = load_config([hydra_config_file(str(FIXTURE.parent), "verl_structure.yaml")], CPU)
     assert cfg.actor_rollout_ref.model.path == "/models/small"
+
+
+def test_verls_reward_model_section_switched_on_loads_with_its_keys_honoured():
+    cfg = load_config([str(FIXTURE)], CPU + ["reward_model.enable=true", "reward_model.micro_batch_size_per_gpu=2"])
+    rm = cfg.reward_model
+    assert rm.enable and rm.model.path == "~/models/reward" and rm.micro_batch_size_per_gpu == 2
+    assert rm.enable_resource_pool is False and rm.max_length is None

@@ -295,3 +295,61 @@ def test_scores_that_overflow_float32_are_errors(make_batch, tokenizer):
     assert torch.isfinite(reward).all() and reward.sum(-1).tolist() == [0.0, 0.0, 0.0, pytest.approx(3.4e38, rel=1e-6)]
     with pytest.raises(ScoreTypeError, match=r"the score is 1e\+300, which is ±inf as float32"):
         normalize_result(1e300)
+
+
+# ---------------------------------------------------------------- with a reward model's scores
+def _arith_batch_with_rm_scores():
+    import numpy as np
+
+    from hybridflow import fields as F
+    from hybridflow.models import load_tokenizer
+    from hybridflow.protocol import DataProto
+
+    tok = load_tokenizer("tiny-llama")
+    texts = ["#### 5", "#### 6"]
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    width = max(map(len, ids)) + 1
+    responses = torch.full((2, width), tok.pad_token_id)
+    mask = torch.zeros((2, width), dtype=torch.long)
+    for i, row in enumerate(ids):
+        responses[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+    rm = torch.zeros((2, width))
+    rm[0, len(ids[0]) - 1], rm[1, len(ids[1]) - 1] = 0.25, -1.5
+    obj = lambda values: np.array(values, dtype=object)  # noqa: E731
+    batch = DataProto.from_dict(
+        tensors={F.RESPONSES: responses, F.RESPONSE_MASK: mask, F.RM_SCORES: rm},
+        non_tensors={F.DATA_SOURCE: obj(["hybridflow/arithmetic"] * 2),
+                     F.REWARD_MODEL: obj([{"ground_truth": "5"}, {"ground_truth": "5"}])},
+    )
+    return tok, batch, rm
+
+
+@pytest.mark.parametrize("mode", ["off", "log", "add"])
+def test_rm_scores_are_the_reward_and_rules_log_or_add(mode):
+    from hybridflow.workers.reward import RULE_SCORE, build_reward_manager
+
+    tok, batch, rm = _arith_batch_with_rm_scores()
+    manager = build_reward_manager("naive", tok, executor="inline", timeout_s=None, rule_reward=mode)
+    reward, extra = manager(batch)
+    if mode == "off":  # verl: the reward model's scores are the reward; no rule runs
+        assert torch.equal(reward, rm) and extra == {"reward_error": [0.0, 0.0], "reward_timeout": [0.0, 0.0]}
+        return
+    assert extra[RULE_SCORE] == [1.0, 0.0]  # "#### 5" is right, "#### 6" wrong
+    assert "score" not in extra  # the rule's score column is rule_score here, not the reward
+    expected = rm.clone()
+    if mode == "add":
+        expected[0, rm[0].nonzero()[0, 0]] += 1.0
+    assert torch.equal(reward, expected)
+
+
+def test_a_nan_reward_model_score_scores_0_and_is_counted():
+    from hybridflow import fields as F
+    from hybridflow.workers.reward import build_reward_manager, reward_fault_metrics
+
+    tok, batch, rm = _arith_batch_with_rm_scores()
+    batch.batch[F.RM_SCORES][1, 0] = float("nan")
+    for mode in ("off", "log"):
+        reward, extra = build_reward_manager("naive", tok, executor="inline", timeout_s=None, rule_reward=mode)(batch)
+        assert torch.isfinite(reward).all() and reward[1].abs().sum() == 0 and reward[0].sum() == pytest.approx(0.25)
+        assert reward_fault_metrics(extra)["reward/errors"] == 1.0

@@ -116,7 +116,6 @@ def test_max_critic_ckpt_to_keep_prunes_the_critic_part(tiny_task_dir, tmp_path,
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("reward_model.enable=true", "scoring with a reward model is not implemented yet"),
         ("actor_rollout_ref.rollout.multi_turn.interaction_config_path=/i.yaml", "interactions are not implemented"),
         ("actor_rollout_ref.model.override_config.attention_dropout=0.1", "not supported by hybridflow"),
         ("+actor_rollout_ref.ref.model.path=/m", "a reference model other than the actor's initial weights"),

@@ -7,7 +7,9 @@ selected by each row's ``data_source``.
 
 from __future__ import annotations
 
-from hybridflow.data.tasks import arithmetic, arithmetic_sft, code_functions, countdown, gsm8k, tool_lookup
+from hybridflow.data.tasks import (
+    arithmetic, arithmetic_pairs, arithmetic_sft, code_functions, countdown, gsm8k, tool_lookup,
+)
 from hybridflow.data.tasks.arithmetic import ArithmeticSettings, generate_arithmetic
 from hybridflow.data.tasks.common import TaskSpec, make_row, write_task
 from hybridflow.data.tasks.countdown import CountdownSettings, generate_countdown
@@ -17,6 +19,7 @@ from hybridflow.utils.registry import Registry
 TASKS: Registry[TaskSpec] = Registry("built-in task")
 TASKS.add(arithmetic.TASK.name, arithmetic.TASK)
 TASKS.add(arithmetic_sft.TASK.name, arithmetic_sft.TASK)
+TASKS.add(arithmetic_pairs.TASK.name, arithmetic_pairs.TASK)
 TASKS.add(code_functions.TASK.name, code_functions.TASK)
 TASKS.add(code_functions.CONVERT_TASK.name, code_functions.CONVERT_TASK)
 TASKS.add(countdown.TASK.name, countdown.TASK)

@@ -12,6 +12,7 @@ from typing import Any
 from hybridflow.workers.reward.base import (
     DEFAULT_TIMEOUT_S,
     REWARD_MANAGERS,
+    RULE_SCORE,
     RewardManager,
     ScoreItem,
     decode_items,
@@ -46,6 +47,7 @@ __all__ = [
     "REWARD_ERROR",
     "REWARD_MANAGERS",
     "REWARD_TIMEOUT",
+    "RULE_SCORE",
     "SCORERS",
     "BatchRewardManager",
     "CallResult",

@@ -10,6 +10,10 @@ A reward manager is called on a batch after rollout (a ``DataProto`` with ``resp
 response token (position ``len_i - 1``; position 0 for an empty response).
 ``reward_extra_info`` maps names to per-item lists (see ``outcomes.py``).
 
+With a reward model the batch also holds ``rm_scores`` (same layout). As in verl they are the
+reward and no rule runs; ``rule_reward="log"`` also runs the rule scorer and returns its score
+as the ``rule_score`` column, ``"add"`` returns ``rm_scores`` + the rule's reward.
+
 Subclasses change one of two hooks: :meth:`RewardManager.score_items` (how scores are
 computed) or :meth:`RewardManager.adjust` (what is added to them afterwards).
 """
@@ -28,7 +32,7 @@ from hybridflow import fields as F
 from hybridflow.utils.registry import Registry
 from hybridflow.workers.reward.custom import CustomRewardFunction
 from hybridflow.workers.reward.executors import OK, CallResult, ScorerPool, run_calls
-from hybridflow.workers.reward.outcomes import ScoreOutcome, collect_extra_info, to_outcome
+from hybridflow.workers.reward.outcomes import REWARD_ERROR, REWARD_TIMEOUT, ScoreOutcome, collect_extra_info, to_outcome
 from hybridflow.workers.reward.sandbox import DEFAULT_MEMORY_LIMIT_MB, ScorerSettings
 from hybridflow.workers.reward.scores import SCORERS, default_compute_score
 from hybridflow.workers.reward.scores.code import CodeSandboxSpec
@@ -37,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 10.0  # = reward_model.timeout_s default
 GROUND_TRUTH = "ground_truth"
+RULE_SCORE = "rule_score"  # extra-info column: the rule scorer's reward beside a reward model's
+RULE_REWARD_MODES = ("off", "log", "add")
 REWARD_MANAGERS: Registry[type["RewardManager"]] = Registry("reward manager")
 
 
@@ -106,6 +112,13 @@ def decode_items(data: Any, tokenizer: Any, reward_fn_key: str = F.DATA_SOURCE) 
     return items
 
 
+def finite_rm_scores(rm_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rm_scores`` as float32 with every row holding a NaN/inf zeroed, and that row mask ``(B,)``."""
+    scores = rm_scores.float()
+    bad = ~torch.isfinite(scores).all(dim=-1)
+    return torch.where(bad[:, None], torch.zeros_like(scores), scores), bad
+
+
 def place_scores(scores: torch.Tensor, lengths: torch.Tensor, width: int) -> torch.Tensor:
     """``(B, width)`` zeros with ``scores[i]`` at ``max(lengths[i] - 1, 0)``."""
     reward = torch.zeros(len(scores), width, dtype=torch.float32)
@@ -146,7 +159,10 @@ class RewardManager:
         num_workers: int = 1,
         memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB,
         code_sandbox: CodeSandboxSpec | None = None,
+        rule_reward: str = "off",
     ) -> None:
+        if rule_reward not in RULE_REWARD_MODES:
+            raise ValueError(f"rule_reward must be one of {', '.join(RULE_REWARD_MODES)}, got {rule_reward!r}")
         if memory_limit_mb is not None and memory_limit_mb < 0:
             raise ValueError(f"memory_limit_mb must be >= 0 (0: no cap), got {memory_limit_mb}")
         if executor != "process" and isinstance(compute_score, CustomRewardFunction):
@@ -163,6 +179,7 @@ class RewardManager:
         self.executor = executor
         self.num_workers = num_workers
         self.memory_limit_mb = memory_limit_mb
+        self.rule_reward = rule_reward
         self._faults_logged: set[str] = set()
         # Scoring processes forked now, while the trainer is small (before the models load),
         # and kept: see ScorerPool.
@@ -199,6 +216,22 @@ class RewardManager:
         self._pool = self._make_pool()
 
     def __call__(self, data: Any) -> tuple[torch.Tensor, dict[str, list[Any]]]:
+        if F.RM_SCORES not in data.batch.keys():
+            return self.rule_reward_of(data)
+        rm_scores, bad = finite_rm_scores(data.batch[F.RM_SCORES])
+        if bad.any():
+            logger.warning("the reward model scored %d of %d responses NaN or infinite; they score 0 "
+                           "(counted in reward/errors)", int(bad.sum()), len(bad))
+        if self.rule_reward == "off":
+            return rm_scores, {REWARD_ERROR: bad.float().tolist(), REWARD_TIMEOUT: [0.0] * len(bad)}
+        reward, info = self.rule_reward_of(data)
+        info.pop("score", None)  # the rule's own "score" column would pass for the reward: it is rule_score here
+        info[RULE_SCORE] = reward.sum(-1).tolist()
+        info[REWARD_ERROR] = [max(a, b) for a, b in zip(info[REWARD_ERROR], bad.float().tolist())]
+        return (rm_scores + reward if self.rule_reward == "add" else rm_scores), info
+
+    def rule_reward_of(self, data: Any) -> tuple[torch.Tensor, dict[str, list[Any]]]:
+        """The rule scorer's ``(reward_tensor, reward_extra_info)`` (what the manager returns without a reward model)."""
         items = decode_items(data, self.tokenizer, self.reward_fn_key)
         if self.uses_default_scorer:
             _check_known_sources(items)
@@ -268,6 +301,7 @@ def _check_known_sources(items: list[ScoreItem]) -> None:
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "REWARD_MANAGERS",
+    "RULE_SCORE",
     "RewardManager",
     "ScoreItem",
     "decode_items",

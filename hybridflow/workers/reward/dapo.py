@@ -57,6 +57,7 @@ class DAPORewardManager(RewardManager):
         num_workers: int = 1,
         memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB,
         code_sandbox: CodeSandboxSpec | None = None,
+        rule_reward: str = "off",
         max_resp_len: int | None = None,
         overlong_buffer_enable: bool = False,
         overlong_buffer_len: int = 0,
@@ -66,7 +67,7 @@ class DAPORewardManager(RewardManager):
         super().__init__(
             tokenizer, compute_score=compute_score, num_examine=num_examine, reward_fn_key=reward_fn_key,
             timeout_s=timeout_s, executor=executor, num_workers=num_workers, memory_limit_mb=memory_limit_mb,
-            code_sandbox=code_sandbox,
+            code_sandbox=code_sandbox, rule_reward=rule_reward,
         )
         if overlong_buffer_enable:
             if max_resp_len is None:

@@ -43,6 +43,7 @@ class PrimeRewardManager(RewardManager):
         num_workers: int | None = None,
         memory_limit_mb: int | None = DEFAULT_MEMORY_LIMIT_MB,
         code_sandbox: CodeSandboxSpec | None = None,
+        rule_reward: str = "off",
     ) -> None:
         super().__init__(
             tokenizer,
@@ -53,5 +54,5 @@ class PrimeRewardManager(RewardManager):
             executor=executor,
             num_workers=default_num_workers() if num_workers is None else num_workers,
             memory_limit_mb=memory_limit_mb,
-            code_sandbox=code_sandbox,
+            code_sandbox=code_sandbox, rule_reward=rule_reward,
         )
