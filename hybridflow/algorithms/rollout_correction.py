@@ -147,19 +147,75 @@ def compute_rollout_rejection_mask(
     if len(specs) != len(options):
         raise ValueError(f"rollout_rs_threshold has {len(specs)} entries for {len(options)} rollout_rs options")
     keep = torch.ones_like(log_ratio, dtype=torch.bool)
+    metrics: dict[str, torch.Tensor] = {}
     for option, spec in zip(options, specs, strict=True):
         upper, lower = _parse_bounds(spec, f"rollout_rs_threshold for {option}")
         stat = _rejection_statistic(option, log_ratio.detach(), response_mask, old_log_prob, rollout_log_prob)
         if option.endswith("k1"):
             low = math.log(1.0 / upper if lower is None else lower)
-            keep = keep & (stat >= low) & (stat <= math.log(upper))
+            passed = (stat >= low) & (stat <= math.log(upper))
         elif lower is not None:
             raise ValueError(f"rollout_rs option {option} takes a single upper bound, got {spec!r}")
         else:
-            keep = keep & (stat <= upper)
+            passed = stat <= upper
+        metrics[f"rollout_rs_{option}_masked_fraction"] = masked_mean((~passed).float(), response_mask).detach()
+        keep = keep & passed
     new_mask = (response_mask * keep).to(response_mask.dtype)
-    masked_fraction = masked_mean((~keep).float(), response_mask).detach()
-    return new_mask, {"rollout_rs_masked_fraction": masked_fraction}
+    metrics["rollout_rs_masked_fraction"] = masked_mean((~keep).float(), response_mask).detach()
+    rows = response_mask.sum(dim=-1) > 0
+    cut_rows = ((response_mask > 0) & ~keep).any(dim=-1)
+    metrics["rollout_rs_seq_masked_fraction"] = (cut_rows[rows].float().mean() if rows.any()
+                                                 else torch.zeros((), device=keep.device)).detach()
+    return new_mask, metrics
+
+
+def rollout_corr_diagnostics(
+    old_log_prob: torch.Tensor,
+    rollout_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    weights: torch.Tensor | None = None,
+    rollout_is_threshold: float | str = 2.0,
+) -> dict[str, torch.Tensor]:
+    """How far the sampler's distribution is from the trained policy's, on the sampled tokens
+    (names as verl's ``rollout_corr/*``, without the prefix). With δ = ℓ_train − ℓ_rollout,
+    ρ = exp(δ), per-row means ℓ̄ over the response:
+
+    * ``training_ppl`` / ``rollout_ppl``: batch mean of exp(−ℓ̄) per row; ``*_log_ppl``: mean −ℓ̄;
+      ``log_ppl_diff`` = mean(ℓ̄_rollout − ℓ̄_train) (with ``_abs``, ``_max``, ``_min``),
+      ``ppl_ratio`` = mean exp(ℓ̄_rollout − ℓ̄_train);
+    * ``chi2_token`` = E_t[ρ²] − 1, ``chi2_seq`` = E_i[(Π_t ρ_t)²] − 1 (log-ratios clamped ±20);
+    * with ``weights`` (B, T): ``rollout_is_{mean,std,min,max}`` over the response tokens and
+      ``rollout_is_eff_sample_size`` = 1 / E[ŵ²] with ŵ = w clamped to [L, U] / its mean
+      (1 = uniform weights; small = a few tokens carry the update).
+    """
+    mask = response_mask.to(old_log_prob.dtype)
+    rows = mask.sum(dim=-1) > 0
+    if not rows.any():
+        return {}
+    mean_train = masked_mean(old_log_prob, mask, axis=-1)[rows]
+    mean_rollout = masked_mean(rollout_log_prob, mask, axis=-1)[rows]
+    diff = mean_rollout - mean_train
+    delta = (old_log_prob - rollout_log_prob).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    seq_delta = masked_sum(old_log_prob - rollout_log_prob, mask, axis=-1)[rows].clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    metrics = {
+        "training_ppl": torch.exp(-mean_train).mean(), "training_log_ppl": (-mean_train).mean(),
+        "rollout_ppl": torch.exp(-mean_rollout).mean(), "rollout_log_ppl": (-mean_rollout).mean(),
+        "log_ppl_diff": diff.mean(), "log_ppl_abs_diff": diff.abs().mean(),
+        "log_ppl_diff_max": diff.max(), "log_ppl_diff_min": diff.min(), "ppl_ratio": torch.exp(diff).mean(),
+        "chi2_token": masked_mean(torch.exp(2 * delta), mask) - 1.0, "chi2_seq": torch.exp(2 * seq_delta).mean() - 1.0,
+    }
+    if weights is not None:
+        on = mask > 0
+        values = weights[on]
+        mean = values.mean()
+        upper, lower = _parse_bounds(rollout_is_threshold, "rollout_is_threshold")
+        clamped = values.clamp(min=1.0 / upper if lower is None else lower, max=upper)
+        metrics |= {
+            "rollout_is_mean": mean, "rollout_is_std": values.std(unbiased=False),
+            "rollout_is_min": values.min(), "rollout_is_max": values.max(),
+            "rollout_is_eff_sample_size": 1.0 / (clamped / (clamped.mean() + 1e-8)).square().mean(),
+        }
+    return {key: value.detach() for key, value in metrics.items()}
 
 
 def compute_rollout_correction(

@@ -68,17 +68,18 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class RolloutCorrectionConfig:
-    """``actor_rollout_ref.actor.policy_loss.rollout_correction``: settings of ``loss_mode=bypass_mode``.
+    """``algorithm.rollout_correction`` (verl's keys): correcting for the sampler's log-probs
+    differing from the trained policy's (docs/training.md, Rollout correction).
 
-    With bypass_mode the old log-prob is the rollout engine's log-prob; importance weights
-    π_θ/π_rollout correct the mismatch, truncated at a threshold, optionally with rejection.
+    Decoupled mode (``rollout_is`` and/or ``rollout_rs`` set): after the old-log-prob phase the
+    trainer computes importance weights π_old/π_rollout and a rejection mask, puts them in the
+    batch, and the policy loss uses them. Bypass mode (``bypass_mode``): ℓ_old := ℓ_rollout (no
+    old-log-prob pass) and the loss is the bypass loss (``loss_type``). The actor reads a
+    resolved copy under ``actor_rollout_ref.actor.policy_loss.rollout_correction``.
     """
 
-    loss_type: Literal["ppo_clip", "reinforce"] = setting(
-        "ppo_clip", "loss used in bypass mode: ppo_clip (vanilla PPO) or reinforce (−A·ℓ·w, no clipping)"
-    )
     rollout_is: Literal["token", "sequence"] | None = setting(
-        "token", "importance-weight level: token, sequence, or null (no weights)"
+        None, "importance weights π_old/π_rollout: token, sequence, or null (none)"
     )
     rollout_is_threshold: float | str = setting(
         2.0, "importance weights: upper truncation U, or 'L_U' to zero weights outside [L, U]"
@@ -89,6 +90,12 @@ class RolloutCorrectionConfig:
     )
     rollout_rs_threshold: float | str | None = setting(
         None, "rejection bound U or 'L_U' (one per rollout_rs test, comma-separated); null = rollout_is_threshold"
+    )
+    bypass_mode: bool = setting(
+        False, "use the rollout's log-probs as ℓ_old (no old-log-prob pass) with the bypass loss (loss_type)"
+    )
+    loss_type: Literal["ppo_clip", "reinforce"] = setting(
+        "ppo_clip", "bypass mode's loss: ppo_clip (PPO on π_θ/π_rollout) or reinforce (−A·ℓ·w, no clipping)"
     )
 
 
@@ -108,7 +115,7 @@ class PolicyLossConfig:
     tau_pos: float = setting(1.0, "sapo: gate temperature for positive advantages", gt=0)
     tau_neg: float = setting(1.05, "sapo: gate temperature for negative advantages", gt=0)
     rollout_correction: RolloutCorrectionConfig = section(
-        RolloutCorrectionConfig, "importance weighting / rejection for loss_mode=bypass_mode"
+        RolloutCorrectionConfig, "derived: a copy of algorithm.rollout_correction, which is the one to set"
     )
 
 

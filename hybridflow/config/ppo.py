@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from hybridflow.config.actor_rollout_ref import ActorRolloutRefConfig, AttnImplementation, Dtype, OptimConfig
+from hybridflow.config.actor_rollout_ref import (
+    ActorRolloutRefConfig, AttnImplementation, Dtype, OptimConfig, RolloutCorrectionConfig,
+)
 from hybridflow.config.spec import section, setting
 
 
@@ -242,6 +244,9 @@ class AlgorithmConfig:
     )
     gdpo_reward_weights: tuple[float, ...] = setting(
         factory=tuple, help="gdpo: weight per reward key; empty = all 1"
+    )
+    rollout_correction: RolloutCorrectionConfig = section(
+        RolloutCorrectionConfig, "sampler/trainer mismatch: decoupled IS weights and rejection, or bypass mode"
     )
 
 

@@ -24,10 +24,10 @@ from hybridflow.algorithms.rollout_correction import ROLLOUT_RS_OPTIONS
 from hybridflow.config.actor_rollout_ref import ActorConfig, ActorRolloutRefConfig, RolloutCorrectionConfig
 from hybridflow.config.build import check_leaves
 from hybridflow.config.errors import ConfigError
-from hybridflow.config.ppo import CriticConfig, PPOConfig, TrainerConfig
+from hybridflow.config.ppo import AlgorithmConfig, CriticConfig, PPOConfig, TrainerConfig
 
 _ARR = "actor_rollout_ref"
-_RC = f"{_ARR}.actor.policy_loss.rollout_correction"
+_RC = "algorithm.rollout_correction"
 
 T = TypeVar("T")
 
@@ -75,6 +75,12 @@ def check_registry_names(cfg: PPOConfig) -> list[str]:
         problems += _name_problem("critic.loss_agg_mode", cfg.critic.loss_agg_mode, LOSS_AGG_MODES, "loss_agg_mode")
     problems += _kl_problem("algorithm.kl_penalty", cfg.algorithm.kl_penalty)
     problems += _kl_problem(f"{_ARR}.actor.kl_loss_type", actor.kl_loss_type)
+    if cfg.algorithm.rollout_correction.bypass_mode and actor.policy_loss.loss_mode not in ("vanilla", "bypass_mode"):
+        problems.append(
+            f"algorithm.rollout_correction.bypass_mode=true trains with the bypass loss "
+            f"(algorithm.rollout_correction.loss_type: ppo_clip or reinforce); it cannot be combined with "
+            f"{_ARR}.actor.policy_loss.loss_mode={actor.policy_loss.loss_mode}"
+        )
     return problems
 
 
@@ -89,7 +95,8 @@ def resolve_ppo_config(cfg: PPOConfig) -> PPOConfig:
     """Fill every "null = <other key>" default; the result has no such ``None`` left."""
     arr = cfg.actor_rollout_ref
     world_size = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-    actor = _resolve_actor(arr.actor, world_size)
+    algorithm = _resolve_algorithm(cfg.algorithm, arr.actor.policy_loss.loss_mode)
+    actor = _resolve_actor(arr.actor, world_size, algorithm.rollout_correction)
     rollout = replace(
         arr.rollout,
         prompt_length=_or(arr.rollout.prompt_length, cfg.data.max_prompt_length),
@@ -109,6 +116,7 @@ def resolve_ppo_config(cfg: PPOConfig) -> PPOConfig:
     needs_values = get_estimator_spec(cfg.algorithm.adv_estimator).needs_values
     return replace(
         cfg,
+        algorithm=algorithm,
         data=replace(cfg.data, seed=_or(cfg.data.seed, cfg.trainer.seed)),
         actor_rollout_ref=new_arr,
         critic=_resolve_critic(cfg.critic, new_arr, needs_values),
@@ -116,12 +124,23 @@ def resolve_ppo_config(cfg: PPOConfig) -> PPOConfig:
     )
 
 
-def _resolve_actor(actor: ActorConfig, world_size: int) -> ActorConfig:
+def _resolve_algorithm(algo: AlgorithmConfig, loss_mode: str) -> AlgorithmConfig:
+    """``rollout_rs_threshold`` null = ``rollout_is_threshold``; ``loss_mode=bypass_mode`` (the
+    loss's name) switches bypass mode on, as ``bypass_mode=true`` does."""
+    rc = algo.rollout_correction
+    rc = replace(rc, rollout_rs_threshold=_or(rc.rollout_rs_threshold, rc.rollout_is_threshold),
+                 bypass_mode=rc.bypass_mode or loss_mode == "bypass_mode")
+    return replace(algo, rollout_correction=rc)
+
+
+def _resolve_actor(actor: ActorConfig, world_size: int, correction: RolloutCorrectionConfig) -> ActorConfig:
+    """The actor reads the (resolved) rollout correction from its policy-loss section; bypass
+    mode selects the bypass loss, as verl does."""
     strategy = actor.strategy
     if strategy == "auto":
         strategy = "torch" if world_size == 1 else "fsdp"
-    correction = _resolve_correction(actor.policy_loss.rollout_correction)
-    policy_loss = replace(actor.policy_loss, rollout_correction=correction)
+    loss_mode = "bypass_mode" if correction.bypass_mode else actor.policy_loss.loss_mode
+    policy_loss = replace(actor.policy_loss, rollout_correction=correction, loss_mode=loss_mode)
     return replace(
         actor,
         strategy=strategy,
@@ -129,10 +148,6 @@ def _resolve_actor(actor: ActorConfig, world_size: int) -> ActorConfig:
         clip_ratio_high=_or(actor.clip_ratio_high, actor.clip_ratio),
         policy_loss=policy_loss,
     )
-
-
-def _resolve_correction(rc: RolloutCorrectionConfig) -> RolloutCorrectionConfig:
-    return replace(rc, rollout_rs_threshold=_or(rc.rollout_rs_threshold, rc.rollout_is_threshold))
 
 
 def _resolve_critic(critic: CriticConfig, arr: ActorRolloutRefConfig, needs_values: bool) -> CriticConfig:
@@ -248,12 +263,14 @@ def rule_policy_loss(cfg: PPOConfig) -> list[str]:
     problems = []
     if pl.loss_mode == "dro" and pl.dro_beta <= 0:
         problems.append(f"{_ARR}.actor.policy_loss.dro_beta must be > 0 for loss_mode=dro, got {pl.dro_beta}")
-    if pl.loss_mode == "bypass_mode" and not cfg.actor_rollout_ref.rollout.calculate_log_probs:
+    rc = cfg.algorithm.rollout_correction
+    if (rc.bypass_mode or rc.rollout_is or rc.rollout_rs) and not cfg.actor_rollout_ref.rollout.calculate_log_probs:
+        mode = "bypass_mode=true" if rc.bypass_mode else ("rollout_is" if rc.rollout_is else "rollout_rs")
         problems.append(
-            f"{_ARR}.actor.policy_loss.loss_mode=bypass_mode uses the rollout's log-probs: "
+            f"algorithm.rollout_correction.{mode} compares the rollout's log-probs with the policy's: "
             f"set {_ARR}.rollout.calculate_log_probs=true"
         )
-    problems += _rejection_test_problems(pl.rollout_correction.rollout_rs)
+    problems += _rejection_test_problems(rc.rollout_rs)
     if pl.clip_cov_lb >= pl.clip_cov_ub:
         problems.append(
             f"{_ARR}.actor.policy_loss.clip_cov_lb ({pl.clip_cov_lb}) must be below clip_cov_ub ({pl.clip_cov_ub})"

@@ -198,13 +198,6 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey("reward_manager.*", "verl's reward-manager section: its name sets reward_model.reward_manager; managers "
                "come from the registry, custom classes (module.path) are not supported", only_when_off=True,
                off_values=("register", "custom_reward_manager")),
-    IgnoredKey(
-        "algorithm.rollout_correction.*",
-        "rollout correction is configured under actor_rollout_ref.actor.policy_loss.rollout_correction "
-        "with loss_mode=bypass_mode",
-        only_when_off=True,
-        switch_keys=("rollout_is", "rollout_rs", "bypass_mode"),
-    ),
 )
 
 
@@ -223,6 +216,10 @@ VERL_MOVED_KEYS: tuple[MovedKey, ...] = (
     MovedKey(f"{_ARR}.actor.tau_pos", f"{_ARR}.actor.policy_loss.tau_pos"),
     MovedKey(f"{_ARR}.actor.tau_neg", f"{_ARR}.actor.policy_loss.tau_neg"),
     MovedKey("data.train_max_samples", "data.max_samples"),
+    # hybridflow's first home of the rollout-correction keys; verl's (and now ours) is algorithm.rollout_correction
+    *(MovedKey(f"{_ARR}.actor.policy_loss.rollout_correction.{key}", f"algorithm.rollout_correction.{key}")
+      for key in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
+                  "rollout_rs_threshold", "bypass_mode", "loss_type")),
     # verl's root reward_manager section names the manager reward_model.reward_manager picks
     MovedKey("reward_manager.name", "reward_model.reward_manager"),
 )

@@ -9,7 +9,8 @@ numbered phases of the HybridFlow paper's algorithm, each a named call.
       2 reward        rm.compute_rm_score (with a reward model), reward_fn(batch) → token_level_scores
      2b filter        DAPO dynamic sampling: drop groups whose responses all score alike,
                       repeat 0–2 on further prompt batches until the batch is full (optional)
-      3 old logp      actor.compute_log_prob               (skipped when on-policy)
+      3 old logp      actor.compute_log_prob               (skipped when on-policy, or in bypass mode)
+     3b correction    rollout correction: IS weights / rejection (decoupled), or ℓ_old := ℓ_rollout (bypass)
       4 ref logp      ref.compute_ref_log_prob             (when a KL term needs it)
       5 values        critic.compute_values                (when the estimator needs values)
       6 advantage     KL-in-reward, then ADV_ESTIMATORS[name] via compute_advantage
@@ -42,6 +43,11 @@ from hybridflow.tracking import Tracking
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.balance import balance_batch
 from hybridflow.trainer.pf_ppo import pf_ppo_resample
+from hybridflow.trainer.rollout_correction import (
+    apply_decoupled_correction,
+    correction_mode,
+    use_rollout_log_probs_as_old,
+)
 from hybridflow.trainer.generations import dump_rollouts, print_samples, validation_rows, write_jsonl
 from hybridflow.trainer.dynamic_sampling import SUMMED_REWARD_METRIC, response_metric, varied_group_rows
 from hybridflow.trainer.metrics import (
@@ -116,8 +122,11 @@ class PPOTrainer:
         )
         rows = config.data.train_batch_size * arr.rollout.n
         on_policy = arr.actor.ppo_mini_batch_size == config.data.train_batch_size and arr.actor.ppo_epochs == 1
-        # ℓ_old must be computed unless the actor can take it from its own first forward pass.
-        self.compute_old_log_probs = not on_policy or self.use_kl_in_reward or self.spec.needs_old_log_probs
+        # ℓ_old must be computed unless the actor can take it from its own first forward pass,
+        # or bypass mode takes the rollout's instead.
+        self.correction = correction_mode(algo.rollout_correction)
+        self.compute_old_log_probs = self.correction == "decoupled" or (self.correction == "off" and (
+            not on_policy or self.use_kl_in_reward or self.spec.needs_old_log_probs))
         self.rows_per_step = rows
         # Phase variants chosen once (ReMax's greedy baseline pass is one).
         self.baseline_phase = self.compute_reward_baselines if self.spec.needs_reward_baselines else None
@@ -195,6 +204,10 @@ class PPOTrainer:
             if self.compute_old_log_probs:
                 with timer.phase("old_log_prob"):
                     metrics |= self.compute_old_log_prob(batch)
+            if self.correction == "bypass":
+                use_rollout_log_probs_as_old(batch)
+            elif self.correction == "decoupled":
+                metrics |= apply_decoupled_correction(batch, self.config.algorithm.rollout_correction)
             if self.use_reference:
                 with timer.phase("ref"):
                     batch = batch.union(self.workers.ref.compute_ref_log_prob(batch))

@@ -62,8 +62,8 @@ def test_section_given_a_scalar():
         ("data.apply_chat_template_kwargs=3", "data.apply_chat_template_kwargs: expected map, got int 3"),
         ("data.truncation=sideways", "data.truncation: must be one of 'error', 'left', 'right', 'middle'; got str 'sideways'"),
         (
-            f"{ARR}.actor.policy_loss.rollout_correction.rollout_is=word",
-            f"{ARR}.actor.policy_loss.rollout_correction.rollout_is: must be one of 'token', 'sequence'; got str 'word'",
+            "algorithm.rollout_correction.rollout_is=word",
+            "algorithm.rollout_correction.rollout_is: must be one of 'token', 'sequence'; got str 'word'",
         ),
     ],
 )
@@ -176,24 +176,35 @@ def test_dro_needs_a_positive_beta():
     load_config(None, [f"{ARR}.actor.policy_loss.loss_mode=dro", f"{ARR}.actor.policy_loss.dro_beta=0.1"])
 
 
-def test_bypass_mode_needs_rollout_log_probs_and_known_rejection_tests():
-    assert only_problem(f"{ARR}.actor.policy_loss.loss_mode=bypass_mode") == (
-        f"{ARR}.actor.policy_loss.loss_mode=bypass_mode uses the rollout's log-probs: "
-        f"set {ARR}.rollout.calculate_log_probs=true"
+def test_rollout_correction_needs_rollout_log_probs_and_known_rejection_tests():
+    needs = "compares the rollout's log-probs with the policy's: set actor_rollout_ref.rollout.calculate_log_probs=true"
+    assert only_problem("algorithm.rollout_correction.bypass_mode=true") == (
+        f"algorithm.rollout_correction.bypass_mode=true {needs}"
     )
-    message = only_problem(f"{ARR}.actor.policy_loss.rollout_correction.rollout_rs=token_k1,seq_k9")
-    assert message.startswith(f"{ARR}.actor.policy_loss.rollout_correction.rollout_rs: unknown test(s) 'seq_k9'; valid: ")
+    # the loss's own name switches bypass mode on too (hybridflow's earlier spelling)
+    assert only_problem(f"{ARR}.actor.policy_loss.loss_mode=bypass_mode") == (
+        f"algorithm.rollout_correction.bypass_mode=true {needs}"
+    )
+    assert only_problem("algorithm.rollout_correction.rollout_is=token") == f"algorithm.rollout_correction.rollout_is {needs}"
+    message = only_problem("algorithm.rollout_correction.rollout_rs=token_k1,seq_k9", f"{ARR}.rollout.calculate_log_probs=true")
+    assert message.startswith("algorithm.rollout_correction.rollout_rs: unknown test(s) 'seq_k9'; valid: ")
+    assert only_problem("algorithm.rollout_correction.bypass_mode=true", f"{ARR}.rollout.calculate_log_probs=true",
+                        f"{ARR}.actor.policy_loss.loss_mode=gspo").startswith(
+        "algorithm.rollout_correction.bypass_mode=true trains with the bypass loss")
     cfg = load_config(
         None,
         [
-            f"{ARR}.actor.policy_loss.loss_mode=bypass_mode",
+            "algorithm.rollout_correction.bypass_mode=true",
             f"{ARR}.rollout.calculate_log_probs=true",
-            f"{ARR}.actor.policy_loss.rollout_correction.rollout_rs=token_k1,seq_max_k2",
-            f"{ARR}.actor.policy_loss.rollout_correction.rollout_is_threshold=0.5_2.0",
+            "algorithm.rollout_correction.rollout_rs=token_k1,seq_max_k2",
+            f"{ARR}.actor.policy_loss.rollout_correction.rollout_is_threshold=0.5_2.0",  # moved to algorithm
         ],
     )
-    rc = cfg.actor_rollout_ref.actor.policy_loss.rollout_correction
+    rc = cfg.algorithm.rollout_correction
     assert rc.rollout_is_threshold == "0.5_2.0" and rc.rollout_rs_threshold == "0.5_2.0"
+    # the actor reads a resolved copy, and bypass mode selects the bypass loss (as in verl)
+    assert cfg.actor_rollout_ref.actor.policy_loss.rollout_correction == rc
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "bypass_mode"
 
 
 def test_clip_cov_bounds_are_ordered():

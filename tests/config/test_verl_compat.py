@@ -115,18 +115,15 @@ def test_verl_style_yaml_file_with_ignored_and_switched_off_sections(tmp_path, c
             f"{ARR}.hybrid_engine",
             f"{ARR}.actor._target_",
             f"{ARR}.actor.checkpoint",
-            "algorithm.rollout_correction",
         ]
     )
 
 
 def test_unsupported_verl_features_are_errors_once_switched_on():
     with pytest.raises(ConfigError) as info:
-        load_config(None, ["data.custom_cls.path=my_dataset.py", "algorithm.rollout_correction.rollout_is=token"])
+        load_config(None, ["data.custom_cls.path=my_dataset.py"])
     assert info.value.problems == [
         "data.custom_cls: not supported by hybridflow (custom dataset classes are not supported)",
-        "algorithm.rollout_correction: not supported by hybridflow (rollout correction is configured "
-        "under actor_rollout_ref.actor.policy_loss.rollout_correction with loss_mode=bypass_mode)",
     ]
 
 

@@ -35,7 +35,7 @@ def test_verls_structure_loads_into_a_valid_cpu_run_config(caplog):
     assert cfg.trainer.default_local_dir == "checkpoints/verl_examples/gsm8k"
     warned = {r.getMessage().split(" (")[0] for r in caplog.records}
     for key in ("ignored: data.dataloader_num_workers", "ignored: actor_rollout_ref.rollout.gpu_memory_utilization",
-                "ignored: actor_rollout_ref.actor.calculate_entropy", "ignored: algorithm.rollout_correction",
+                "ignored: actor_rollout_ref.actor.calculate_entropy",
                 "ignored: actor_rollout_ref.actor.router_replay", "ignored: actor_rollout_ref.model.mtp"):
         assert key in warned, key
 
@@ -45,7 +45,6 @@ def test_verls_structure_loads_into_a_valid_cpu_run_config(caplog):
     [
         ("actor_rollout_ref.actor.router_replay.mode=record", "router_replay: not supported"),
         ("actor_rollout_ref.model.mtp.enable=true", "mtp: not supported"),
-        ("algorithm.rollout_correction.rollout_is=token", "rollout_correction: not supported"),
         ("actor_rollout_ref.actor.optim.optimizer=SGD", "optimizer: not supported by hybridflow (the optimizer is torch's AdamW)"),
         ("reward_manager.module.path=/x.py", "reward_manager: not supported"),
         ("actor_rollout_ref.actor.loss_scale_factor=2.0", "loss_scale_factor: not supported"),
