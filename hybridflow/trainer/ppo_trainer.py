@@ -468,7 +468,7 @@ class PPOTrainer:
                 rows += validation_rows(self.tokenizer, batch, row_scores, extra, self.global_steps)
         metrics = validation_metrics(sources, prompt_ids, scores, preds if len(preds) == len(scores) else None)
         metrics |= validation_extra_metrics(sources, prompt_ids, {k: v for k, v in extras.items() if k != "score"})
-        means = [v for k, v in metrics.items() if "/mean@" in k]
+        means = [v for k, v in metrics.items() if k.startswith("val-core/") and "/mean@" in k]  # not val-aux's
         metrics["val-core/mean"] = float(np.mean(means)) if means else float("nan")
         metrics["timing_s/testing"] = time.perf_counter() - started
         metrics |= reduce_metrics(val_rollout)  # agent loops: val-aux/num_turns/*, ...
