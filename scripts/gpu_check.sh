@@ -16,6 +16,9 @@
 #   3 e2e-tiny  4 GRPO steps of `hybridflow.trainer.main_ppo` on the tiny model on CUDA with the
 #               fsdp strategy (NCCL process group even on one GPU), bf16 compute
 #   4 e2e-smol  the same on SmolLM2-135M-Instruct
+#   5 engines   the InferenceServer contract suite (tests/inference/test_server_contract.py) against
+#               the vLLM and SGLang adapters (hybridflow/inference/adapters/), one engine at a time;
+#               an engine whose package does not import is SKIPPED (they are not project deps)
 # For the e2e runs: train tokens/s = perf/throughput (prompt + response tokens of a step ÷ its
 # time), gen tokens/s = generated tokens ÷ timing_s/gen, averaged over steps 2..4 (step 1
 # includes warm-up).
@@ -117,6 +120,26 @@ if "$PY" -c 'from hybridflow.models import resolve_model_path; resolve_model_pat
 else
     result "RESULT e2e-smol SKIPPED SmolLM2 is not available offline here: $(tail -1 "$OUT_DIR/smollm2.log" | cut -c1-200)"
 fi
+
+# --- 5 external engines: the adapters against the InferenceServer contract ----------------------
+for engine in vllm sglang; do
+    if ! "$PY" -c "import $engine" > "$OUT_DIR/engine-$engine-import.log" 2>&1; then
+        result "RESULT engine-$engine SKIPPED (not installed)"
+        continue
+    fi
+    (cd "$REPO" && HYBRIDFLOW_CONTRACT_ENGINES="$engine" "$PY" -m pytest -q -p no:cacheprovider \
+        tests/inference/test_server_contract.py) > "$OUT_DIR/engine-$engine.log" 2>&1
+    status=$?
+    # The pytest summary line, e.g. "12 passed, 1 skipped in 95.2s".
+    line="$(grep -E '^=*[ ]*[0-9]+ (passed|failed|errors?|skipped)|no tests ran' "$OUT_DIR/engine-$engine.log" \
+        | tail -1 | tr -d '=' | sed 's/^ *//; s/ *$//')"
+    version="$("$PY" -c "import $engine; print($engine.__version__)" 2>/dev/null)"
+    if [ $status -eq 0 ] && echo "$line" | grep -q passed; then
+        result "RESULT engine-$engine OK $engine=$version $line"
+    else  # a run where every test skipped exercised nothing: that is a failure too
+        result "RESULT engine-$engine FAIL exit $status $engine=$version ${line:-no summary}; see $OUT_DIR/engine-$engine.log"
+    fi
+done
 
 echo "summary: $SUMMARY"
 exit "$FAILED"

@@ -37,6 +37,7 @@ LAYERS: dict[str, int] = {
     "models": 4,
     "engine": 4,
     "inference": 4,
+    "weight_sync": 5,
     "sandbox": 3,
     "agent": 5,
     "tools": 5,

@@ -8,7 +8,7 @@ loaded config sees plain values.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from hybridflow.config.spec import section, setting
 
@@ -205,6 +205,31 @@ class AgentConfig:
     agent_loop_config_path: str | None = setting(None, "YAML list of user agent loops (name, _target_, kwargs)")
 
 
+WEIGHT_SYNC_BACKENDS: tuple[str, ...] = ("naive", "shared", "inproc", "http", "disk")
+
+
+@dataclass(frozen=True)
+class CheckpointEngineConfig:
+    """``actor_rollout_ref.rollout.checkpoint_engine``: how the actor's weights reach the rollout."""
+
+    backend: str = setting(
+        "naive",
+        "naive (verl's default: shared when the rollout can borrow the actor's module, else inproc), shared "
+        "(sample from the actor's live module, no copy), inproc (the rollout keeps its own copy; bucketed copies "
+        "after each update), http (generate on a `hybridflow serve --control-routes` process at "
+        "engine_kwargs.url and push safetensors buckets to it), disk (own copy reloaded from safetensors files "
+        "written under engine_kwargs.dir)",
+    )
+    update_weights_bucket_megabytes: int = setting(
+        512, "size of one weight-transfer bucket (a larger tensor travels alone)", ge=1
+    )
+    engine_kwargs: dict[str, Any] = setting(
+        factory=dict,
+        help="backend options: http {url, api_key, timeout_s}; disk {dir} (default: a temporary folder); "
+        "shared/inproc/naive take none",
+    )
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
     """``actor_rollout_ref.rollout``: how responses are sampled."""
@@ -233,8 +258,8 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: int | None = setting(
         None, "token budget for old log-probs; null = actor.ppo_max_token_len_per_gpu", ge=1
     )
-    update_weights_bucket_megabytes: int = setting(
-        512, "bucket size when weights are pushed to a rollout that does not share the actor's module", ge=1
+    checkpoint_engine: CheckpointEngineConfig = section(
+        CheckpointEngineConfig, "weight sync from the actor to the rollout (verl's checkpoint engine)"
     )
     free_cache_engine: bool = setting(
         True, "free the sampler's KV cache and packed weight copies after each generation, so training phases do not hold them"

@@ -380,11 +380,46 @@ def rule_not_yet(cfg: PPOConfig) -> list[str]:
             f"{_ARR}.rollout.multi_turn.tokenization_sanity_check_mode={mt.tokenization_sanity_check_mode}: the agent "
             "loop never re-tokenizes and always checks that the chat template is prefix-stable; only 'strict' exists"
         )
-    if mt.enable and cfg.actor_rollout_ref.rollout.name not in ("torch", "agent_loop"):
+    if mt.enable and cfg.actor_rollout_ref.rollout.name not in ("torch", "agent_loop", "vllm", "sglang"):
         problems.append(
-            f"{_ARR}.rollout.multi_turn.enable=true runs the agent loop on the built-in engine: set "
-            f"{_ARR}.rollout.name to torch or agent_loop (got {cfg.actor_rollout_ref.rollout.name})"
+            f"{_ARR}.rollout.multi_turn.enable=true runs the agent loop on an inference server: set "
+            f"{_ARR}.rollout.name to torch, agent_loop, vllm or sglang (got {cfg.actor_rollout_ref.rollout.name})"
         )
+    return problems
+
+
+def rule_rollout_engine(cfg: PPOConfig) -> list[str]:
+    """The rollout engine can run here, and the weight-sync backend has what it needs."""
+    from hybridflow.config.actor_rollout_ref import WEIGHT_SYNC_BACKENDS
+    from hybridflow.utils.optional_engines import check_engine_installed
+
+    rollout = cfg.actor_rollout_ref.rollout
+    ce = rollout.checkpoint_engine
+    problems = []
+    try:
+        check_engine_installed(rollout.name)
+    except ValueError as err:
+        problems.append(str(err))
+    key = f"{_ARR}.rollout.checkpoint_engine"
+    if ce.backend not in WEIGHT_SYNC_BACKENDS:
+        hint = (" (NCCL transfers need GPU processes; on one machine use inproc, across processes http or disk)"
+                if ce.backend == "nccl" else "")
+        problems.append(f"{key}.backend={ce.backend} is not available{hint}; valid: {', '.join(WEIGHT_SYNC_BACKENDS)}")
+        return problems
+    allowed = {"http": {"url", "api_key", "timeout_s"}, "disk": {"dir"}}.get(ce.backend, set())
+    unknown = sorted(set(ce.engine_kwargs) - allowed)
+    if unknown:
+        problems.append(f"{key}.engine_kwargs: {unknown} are not options of backend {ce.backend} "
+                        f"(it takes {sorted(allowed) or 'none'})")
+    if ce.backend == "http" and not ce.engine_kwargs.get("url"):
+        problems.append(f"{key}.backend=http needs engine_kwargs.url: the `hybridflow serve --control-routes` "
+                        "address (http://host:port)")
+    if rollout.name in ("vllm", "sglang") and ce.backend not in ("naive", "inproc"):
+        problems.append(f"{_ARR}.rollout.name={rollout.name} takes weights through its own engine: leave "
+                        f"{key}.backend at naive (or inproc), got {ce.backend}")
+    if ce.backend == "http" and rollout.name not in ("torch", "agent_loop"):
+        problems.append(f"{key}.backend=http generates on a `hybridflow serve` process: {_ARR}.rollout.name "
+                        f"must be torch (got {rollout.name})")
     return problems
 
 
@@ -411,5 +446,6 @@ PPO_RULES: tuple[Callable[[PPOConfig], list[str]], ...] = (
     rule_algorithm,
     rule_trainer,
     rule_reward_model,
+    rule_rollout_engine,
     rule_not_yet,
 )

@@ -100,7 +100,6 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey(f"{_ARR}.rollout.trace.*", "rollout tracing"),
     IgnoredKey(f"{_ARR}.rollout.skip_rollout", "rollout dump/replay debugging"),
     IgnoredKey(f"{_ARR}.rollout.skip_dump_dir", "rollout dump/replay debugging"),
-    IgnoredKey(f"{_ARR}.rollout.checkpoint_engine.*", "verl weight-transfer engine"),
     IgnoredKey("critic.rollout_n", "taken from actor_rollout_ref.rollout.n"),
     IgnoredKey("critic.ppo_micro_batch_size", "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu"),
     IgnoredKey("critic.forward_micro_batch_size", "deprecated global micro-batch; use *_per_gpu"),
@@ -222,6 +221,9 @@ VERL_MOVED_KEYS: tuple[MovedKey, ...] = (
                   "rollout_rs_threshold", "bypass_mode", "loss_type")),
     # verl's root reward_manager section names the manager reward_model.reward_manager picks
     MovedKey("reward_manager.name", "reward_model.reward_manager"),
+    # verl's first home of the bucket size (before its checkpoint_engine section)
+    MovedKey(f"{_ARR}.rollout.update_weights_bucket_megabytes",
+             f"{_ARR}.rollout.checkpoint_engine.update_weights_bucket_megabytes"),
 )
 
 

@@ -48,6 +48,7 @@ SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 _COMPACT_FRACTION = 4  # drop finished rows once they are ≥ 1/4 of the cache rows
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
+FINISH_ABORT = "abort"  # abort_all(): the tokens so far are handed back
 _FINISH_DROPPED = "dropped"  # a row of a failed or cancelled request (never reported to a client)
 
 StopCheck = Callable[[Sequence[int]], bool]
@@ -93,15 +94,21 @@ class SampleOutput:
     ``(token id, log-prob)`` pairs per step (empty lists when not asked for), and why it
     ended: ``"stop"`` (stop token or stop check) or ``"length"`` (max_new_tokens).
 
+    ``"abort"`` marks a response cut short by :meth:`ContinuousBatcher.abort_all`.
+
     ``weight_version`` is stamped by whoever swaps weights (the
     :class:`~hybridflow.inference.engine.GenerationEngine`); the batcher itself has no notion
-    of versions and leaves it 0."""
+    of versions and leaves it 0. So are ``prompt_logprobs`` / ``prompt_top_logprobs`` (the
+    engine scores the prompt when asked; see
+    :func:`~hybridflow.inference.engine.prompt_log_probs`)."""
 
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     finish_reason: str | None = None
     weight_version: int = 0
+    prompt_logprobs: list[float] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass
@@ -118,6 +125,7 @@ class BatcherStats:
     requests_finished: int = 0
     requests_failed: int = 0  # failed alone (see ContinuousBatcher), not counting aborted batches
     requests_cancelled: int = 0
+    requests_aborted: int = 0  # ended by abort_all with their tokens so far
     tokens_generated: int = 0
     forward_requests: Counter = field(default_factory=Counter)
     forward_rows: Counter = field(default_factory=Counter)
@@ -130,6 +138,7 @@ class BatcherStats:
             "requests_finished": self.requests_finished,
             "requests_failed": self.requests_failed,
             "requests_cancelled": self.requests_cancelled,
+            "requests_aborted": self.requests_aborted,
             "tokens_generated": self.tokens_generated,
             "max_requests_per_forward": max(self.forward_requests, default=0),
             "max_rows_per_forward": max(self.forward_rows, default=0),
@@ -224,6 +233,25 @@ class ContinuousBatcher:
         self._pending = {}
         self.decoder.release()
         return handles
+
+    def abort_all(self) -> list[tuple[int, list[SampleOutput]]]:
+        """End every request now, waiting or running: each gets its outputs with the tokens
+        sampled so far (none for a waiting one) and ``finish_reason="abort"`` on the rows that
+        had not finished. Returns ``(handle, outputs)`` per request; the batcher is idle after."""
+        aborted: list[tuple[int, list[SampleOutput]]] = []
+        for handle, request in self._waiting:
+            aborted.append((handle, [SampleOutput(finish_reason=FINISH_ABORT) for _ in range(request.params.n)]))
+        for handle, rows in sorted(self._pending.items()):
+            for row in rows:
+                if not row.done:
+                    row.out.finish_reason = FINISH_ABORT
+            aborted.append((handle, [row.out for row in rows]))
+        self._waiting.clear()
+        self._pending = {}
+        self._rows = []
+        self.decoder.release()
+        self.stats.requests_aborted += len(aborted)
+        return aborted
 
     def cancel(self, handle: int) -> bool:
         """Drop a waiting or running request (its client went away); False if it is not here.

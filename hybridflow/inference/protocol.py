@@ -12,10 +12,14 @@ Nothing here imports workers, trainer or server: the protocol sits beside ``engi
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:  # the protocol module stays importable without torch
+    import torch
 
 StopReason = Literal["completed", "length", "aborted"]
 STOP_REASONS: tuple[str, ...] = ("completed", "length", "aborted")
@@ -52,6 +56,10 @@ class SamplingParams:
         return replace(self, seed=(int(state[0]) << 31) ^ int(state[1]))
 
 
+TopLogProbs = list[list[tuple[int, float]]]  # per position: the k best (token id, log-prob)
+WAKE_TAGS: tuple[str, ...] = ("weights", "kv_cache")
+
+
 @dataclass(frozen=True)
 class TokenOutput:
     """What one generation call produced.
@@ -59,14 +67,25 @@ class TokenOutput:
     ``token_ids`` and ``log_probs`` are the sampler's own (one log-prob per generated token,
     under the sampling temperature), including the stop token when generation completed.
     ``stop_reason``: ``completed`` (a stop token), ``length`` (``max_tokens`` reached) or
-    ``aborted`` (the engine gave up, e.g. for a weight update). ``weight_version`` is the
-    version of the weights that generated the last token.
+    ``aborted`` (the engine gave up, e.g. for a weight update; the tokens so far are kept).
+    ``weight_version`` is the version of the weights that generated the last token and
+    ``first_weight_version`` the one that generated the first (they differ only when a
+    partial rollout was resumed across a weight update; None means the same).
+
+    Asked for: ``top_log_probs`` (the ``logprobs`` best per generated token),
+    ``prompt_log_probs`` (log p(prompt[i] | prompt[:i]) for i = 1 … len(prompt) − 1: the first
+    prompt token has no context, so the list is one shorter than the prompt) and
+    ``prompt_top_log_probs`` (the ``prompt_logprobs`` best at those positions).
     """
 
     token_ids: list[int]
     log_probs: list[float]
     stop_reason: StopReason
     weight_version: int = 0
+    first_weight_version: int | None = None
+    top_log_probs: TopLogProbs | None = None
+    prompt_log_probs: list[float] | None = None
+    prompt_top_log_probs: TopLogProbs | None = None
 
     def __post_init__(self) -> None:
         if self.stop_reason not in STOP_REASONS:
@@ -76,6 +95,8 @@ class TokenOutput:
                 f"TokenOutput has {len(self.token_ids)} token ids but {len(self.log_probs)} log-probs; "
                 "the sampler reports one log-prob per generated token"
             )
+        if self.first_weight_version is None:
+            object.__setattr__(self, "first_weight_version", self.weight_version)
 
 
 @runtime_checkable
@@ -92,3 +113,77 @@ class TokenClient(Protocol):
     ) -> TokenOutput:
         """Generate up to ``max_tokens`` tokens after ``prompt_ids``."""
         ...
+
+
+@runtime_checkable
+class InferenceServer(TokenClient, Protocol):
+    """The whole contract of a rollout engine: generation plus the controls a trainer needs.
+
+    Implemented by the built-in engine in this process
+    (:class:`~hybridflow.inference.client.InProcessClient`) and over HTTP
+    (:class:`~hybridflow.inference.client.HttpClient` against ``hybridflow serve``), and by
+    the vLLM / SGLang adapters (``inference/adapters/``). One contract test suite
+    (``tests/inference/test_server_contract.py``) runs against every implementation that
+    imports. Every method is a coroutine.
+
+    * ``generate(..., logprobs=k, prompt_logprobs=k)``: as :class:`TokenClient`, and also the
+      ``k`` best log-probs per generated token (``logprobs`` > 0) and the prompt's own
+      log-probs (``prompt_logprobs`` not None; > 0 adds the ``k`` best per position, as a
+      teacher needs). ``max_tokens`` = 0 with ``prompt_logprobs`` scores the prompt only.
+    * ``abort_all()``: every request in flight returns at once with the tokens it has so far
+      and ``stop_reason="aborted"``; the server then holds new requests (does not fail them)
+      until ``resume_generation()``. Returns how many requests were aborted.
+    * ``sleep(level)``: level 1 frees the KV cache (and any packed weight copies); level 2 also
+      frees the weights, which must be pushed again with ``update_weights`` after
+      ``wake_up(["weights"])``. Requests wait while the server sleeps.
+    * ``wake_up(tags)``: re-allocate ``"weights"`` and/or ``"kv_cache"`` (None: both), in that
+      order when both (weights first, then the cache: the order that keeps peak memory low).
+    * ``update_weights(named_tensors, version)``: replace weights by ``state_dict`` name,
+      atomically — the running requests finish on the old weights first, and an update that
+      fails (an unknown name, a wrong shape, a non-finite value) leaves the old weights
+      serving. Afterwards ``weight_version == version``. Returns the tensors copied.
+    * ``clear_kv_cache()``: drop cached prefixes (after a weight update they are stale).
+    * ``address``: ``host:port`` of the OpenAI-compatible HTTP face, None in-process.
+    """
+
+    address: str | None
+
+    async def generate(  # type: ignore[override]
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        logprobs: int = 0,
+        prompt_logprobs: int | None = None,
+    ) -> TokenOutput: ...
+
+    async def abort_all(self) -> int: ...
+
+    async def resume_generation(self) -> None: ...
+
+    async def sleep(self, level: int = 1) -> None: ...
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None: ...
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int: ...
+
+    async def clear_kv_cache(self) -> None: ...
+
+    async def get_weight_version(self) -> int: ...
+
+
+def check_sleep_level(level: int) -> int:
+    if level not in (1, 2):
+        raise ValueError(f"sleep level must be 1 (free the KV cache) or 2 (also the weights), got {level!r}")
+    return level
+
+
+def check_wake_tags(tags: Sequence[str] | None) -> tuple[str, ...]:
+    """``tags`` in wake-up order (weights before the KV cache); None means both."""
+    if tags is None:
+        return WAKE_TAGS
+    unknown = [t for t in tags if t not in WAKE_TAGS]
+    if unknown:
+        raise ValueError(f"unknown wake_up tags {unknown}; valid: {', '.join(WAKE_TAGS)}")
+    return tuple(t for t in WAKE_TAGS if t in tags)

@@ -172,3 +172,71 @@ def load_named_tensors(model: nn.Module, weights: Mapping[str, torch.Tensor] | N
             target.copy_(tensor)
             copied += 1
     return copied
+
+
+def stage_named_tensors(
+    model: nn.Module, named_tensors: Mapping[str, torch.Tensor] | NamedTensorPairs, *, require_all: bool = False
+) -> dict[str, torch.Tensor]:
+    """Check ``named_tensors`` against ``model`` and copy them to its device and dtypes.
+
+    The copy is what an in-process weight transfer moves; the served weights are untouched
+    until the engine swaps the staged tensors in (all of them, between two steps). Raises
+    :class:`WeightsRejected` naming the tensor for an unknown name, a wrong shape, a non-finite
+    value (after the cast) or, with ``require_all``, a parameter no tensor covers (a tied
+    weight is covered by the one it shares storage with). Bucketed senders pass an iterator:
+    one bucket at a time is held on the sender's side.
+    """
+    targets = model.state_dict(keep_vars=True)
+    staged: dict[str, torch.Tensor] = {}
+    for name, tensor in _pairs(named_tensors):
+        target = targets.get(name)
+        if target is None:
+            suffix = ".".join(name.split(".")[-2:])
+            close = [key for key in targets if key.endswith(suffix)]
+            hint = f"; similar names: {close[:3]}" if close else ""
+            raise WeightsRejected(f"update_weights: the served model has no tensor named {name!r}{hint}")
+        if tuple(target.shape) != tuple(tensor.shape):
+            raise WeightsRejected(
+                f"update_weights: {name!r} has shape {tuple(tensor.shape)}, the served model expects {tuple(target.shape)}"
+            )
+        copy = tensor.detach().to(device=target.device, dtype=target.dtype, copy=True)
+        if copy.is_floating_point() and not bool(torch.isfinite(copy).all()):
+            raise WeightsRejected(f"update_weights: {name!r} holds NaN or inf (in {target.dtype})")
+        staged[name] = copy
+    if require_all:
+        check_covers_parameters(model, staged)
+    return staged
+
+
+def check_covers_parameters(model: nn.Module, names: Iterable[str]) -> None:
+    """Raise :class:`WeightsRejected` unless ``names`` cover every parameter of ``model`` (a
+    tied weight is covered by the one it shares storage with) — after a level-2 sleep the
+    weights hold garbage, so a partial update would serve it."""
+    targets = model.state_dict(keep_vars=True)
+    names = [n for n in names if n in targets]
+    covered = {targets[name].data_ptr() for name in names}
+    missing = [n for n, p in model.named_parameters() if n not in names and p.data_ptr() not in covered]
+    if missing:
+        raise WeightsRejected(
+            f"update_weights: the weights were freed, so every parameter must be sent; missing {missing[:5]}"
+        )
+
+
+def free_parameters(model: nn.Module) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    """Release every parameter's storage (sleep level 2); returns the shapes to restore.
+
+    Buffers stay: they are small and a trainer's weight push does not resend the non-persistent
+    ones (rotary tables). Tied parameters are one ``Parameter`` and are freed once.
+    """
+    freed: dict[str, tuple[torch.Size, torch.dtype]] = {}
+    for name, param in model.named_parameters():  # named_parameters yields a tied one once
+        freed[name] = (param.shape, param.dtype)
+        param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+    return freed
+
+
+def restore_parameters(model: nn.Module, freed: Mapping[str, tuple[torch.Size, torch.dtype]]) -> None:
+    """Re-allocate what :func:`free_parameters` released (uninitialised: load weights next)."""
+    for name, param in model.named_parameters():
+        shape, dtype = freed[name]
+        param.data = torch.empty(shape, dtype=dtype, device=param.device)

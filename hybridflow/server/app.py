@@ -31,6 +31,7 @@ from hybridflow.inference.engine import GenerationEngine, RequestRefused, Shutti
 from hybridflow.inference.sampling import NonFiniteLogitsError, SamplingParams
 from hybridflow.inference.weights import WeightsRejected, folder_under_root
 from hybridflow.server.checks import BadRequest, ServerLimits, check_text
+from hybridflow.server.control import UPDATE_WEIGHTS_PATH, WeightUpload, add_control_routes
 from hybridflow.server.errors import ClientDisconnected, GenerationError, error_response, install_error_handlers
 from hybridflow.server.responses import (
     chat_choice,
@@ -66,7 +67,9 @@ class ServerState:
     the only folder ``/update_weights_from_disk`` reads from (``None``: the route is off);
     ``allowed_hosts`` / ``api_key`` are checked on every request (see
     :mod:`hybridflow.server.security`); ``tool_parser`` reads tool calls out of chat replies
-    when a request offers ``tools`` (``--tool-call-parser``).
+    when a request offers ``tools`` (``--tool-call-parser``); ``control_routes`` turns on
+    the trainer's routes of :mod:`hybridflow.server.control` (``--control-routes``), whose
+    weight pushes may be up to ``max_weight_bucket_bytes`` per request.
     """
 
     engine: GenerationEngine
@@ -81,6 +84,9 @@ class ServerState:
     allowed_hosts: frozenset[str] = field(default_factory=lambda: default_allowed_hosts("127.0.0.1"))
     api_key: str | None = None
     tool_parser: ToolParser = field(default_factory=lambda: get_tool_parser("hermes"))
+    control_routes: bool = False
+    max_weight_bucket_bytes: int = 512 * 1024 * 1024
+    weight_upload: WeightUpload | None = None  # the buckets of the push in progress
 
 
 # ---- request → GenRequests ------------------------------------------------------------------
@@ -154,9 +160,11 @@ async def _until_disconnected(request: Request) -> None:
             return
 
 
-async def _run(state: ServerState, request: Request, requests: list[GenRequest]) -> list[list[SampleOutput]]:
+async def _run(
+    state: ServerState, request: Request, requests: list[GenRequest], prompt_logprobs: int | None = None
+) -> list[list[SampleOutput]]:
     """Submit, await all outputs; cancel everything if the client leaves or one request fails."""
-    futures: list[Future] = [state.engine.submit(r) for r in requests]
+    futures: list[Future] = [state.engine.submit(r, prompt_logprobs) for r in requests]
     gathered = asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
     watcher = asyncio.ensure_future(_until_disconnected(request))
     try:
@@ -436,16 +444,31 @@ async def generate(state: ServerState, request: Request, body: GenerateRequest) 
     state.limits.check_stops(sp.stop_token_ids, "sampling_params.stop_token_ids")
     prompts = body.prompts()
     state.limits.check_prompts(len(prompts), "input_ids")
-    requests = []
     for prompt in prompts:
         _check_ids(state, prompt, "input_ids")
+    if sp.max_new_tokens == 0:
+        return await _score_prompts(state, body, prompts)
+    requests = []
+    for prompt in prompts:
         _budget(state, len(prompt), sp.max_new_tokens, "max_new_tokens")
         params = _sampling(state, sp.max_new_tokens, sp.temperature, sp.top_k, sp.top_p, sp.n, sp.ignore_eos,
                            sp.stop_token_ids)
         requests.append(GenRequest(tuple(prompt), params, body.top_logprobs, None, sp.seed))
-    results = await _run(state, request, requests)
+    results = await _run(state, request, requests, body.prompt_logprobs)
     outputs = [generate_output(i, out) for i, group in enumerate(results) for out in group]
     return {"model": state.model_name, "outputs": outputs, "usage": usage(prompts, results)}
+
+
+async def _score_prompts(state: ServerState, body: GenerateRequest, prompts: list[list[int]]) -> dict:
+    """``max_new_tokens`` = 0: the prompts' log-probs only (a teacher scoring a student's tokens)."""
+    if body.prompt_logprobs is None:
+        raise BadRequest("max_new_tokens=0 generates nothing: set prompt_logprobs to score the prompt", "max_new_tokens")
+    scores = [await asyncio.wrap_future(state.engine.score_prompt(p, body.prompt_logprobs)) for p in prompts]
+    outputs = [
+        generate_output(i, SampleOutput(finish_reason="length", prompt_logprobs=lp, prompt_top_logprobs=top))
+        for i, (lp, top) in enumerate(scores)
+    ]
+    return {"model": state.model_name, "outputs": outputs, "usage": usage(prompts, [[] for _ in prompts])}
 
 
 async def update_weights(state: ServerState, body: UpdateWeightsRequest) -> dict | JSONResponse:
@@ -456,7 +479,7 @@ async def update_weights(state: ServerState, body: UpdateWeightsRequest) -> dict
     check_text(body.model_dump())
     try:
         folder = folder_under_root(state.weights_root, body.model_path)
-        copied = await asyncio.wrap_future(state.engine.update_weights_from_disk(folder, body.model_path))
+        copied = await asyncio.wrap_future(state.engine.update_weights_from_disk(folder, body.model_path, body.version))
     except WeightsRejected as err:
         raise BadRequest(str(err), "model_path") from err
     return {"success": True, "message": f"loaded {copied} tensors from {body.model_path}",
@@ -473,8 +496,9 @@ def build_app(state: ServerState) -> FastAPI:
         state.engine.shutdown()
 
     app = FastAPI(title="hybridflow", lifespan=lifespan)
+    body_limits = {UPDATE_WEIGHTS_PATH: state.max_weight_bucket_bytes} if state.control_routes else {}
     app.add_middleware(RequestGuard, allowed_hosts=state.allowed_hosts, api_key=state.api_key,
-                       max_body_bytes=state.limits.max_body_bytes)
+                       max_body_bytes=state.limits.max_body_bytes, body_limits=body_limits)
 
     install_error_handlers(app)
 
@@ -511,4 +535,5 @@ def build_app(state: ServerState) -> FastAPI:
     async def _update(body: UpdateWeightsRequest) -> Any:
         return await update_weights(state, body)
 
+    add_control_routes(app, state)
     return app

@@ -94,6 +94,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                           "for 127.0.0.1 also localhost)")
     security.add_argument("--weights-root", default=None,
                           help="folder whose subfolders /update_weights_from_disk may load (default: the route is off)")
+    security.add_argument("--control-routes", action="store_true",
+                          help="turn on the trainer's routes: /abort_all, /resume_generation, /sleep, /wake_up, "
+                          "/update_weights (tensor push), /clear_kv_cache (default: off)")
     limits = parser.add_argument_group("per-request limits")
     limits.add_argument("--max-n", type=_positive, default=16, help="responses per prompt (default 16)")
     limits.add_argument("--max-prompts", type=_positive, default=64, help="prompts in one request (default 64)")
@@ -104,6 +107,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     limits.add_argument("--max-prompt-tokens", type=_positive, default=None,
                         help="tokens of one prompt (default: the model's context)")
     limits.add_argument("--max-body-mb", type=float, default=8.0, help="size of a request body in MiB (default 8)")
+    limits.add_argument("--max-weight-bucket-mb", type=float, default=512.0,
+                        help="size of one /update_weights bucket in MiB (default 512)")
     runtime = parser.add_argument_group("runtime")
     runtime.add_argument("--shutdown-timeout-s", type=float, default=5.0,
                          help="on SIGTERM, wait this long for running requests before failing them (default 5)")
@@ -117,6 +122,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.max_n = args.max_batch_rows  # a request's n rows must fit one forward
     if not args.max_body_mb > 0:
         parser.error("--max-body-mb must be > 0")
+    if not args.max_weight_bucket_mb > 0:
+        parser.error("--max-weight-bucket-mb must be > 0")
     if args.shutdown_timeout_s < 0:
         parser.error("--shutdown-timeout-s must be >= 0")
     if args.weights_root is not None and not Path(args.weights_root).expanduser().is_dir():
@@ -200,6 +207,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
         max_rows=args.max_batch_rows,
         batch_window_s=args.batch_window_ms / 1000.0,
         seed=args.seed,
+        owns_weights=True,
     )
     name = args.served_model_name or (args.model if not Path(args.model).is_dir() else Path(args.model).name)
     return ServerState(
@@ -215,6 +223,8 @@ def build_state(args: argparse.Namespace) -> ServerState:
         allowed_hosts=allowed_hosts,
         api_key=args.api_key,
         tool_parser=get_tool_parser(args.tool_call_parser),
+        control_routes=args.control_routes,
+        max_weight_bucket_bytes=int(args.max_weight_bucket_mb * 1024 * 1024),
     )
 
 

@@ -97,6 +97,9 @@ def generate_output(prompt_index: int, out: SampleOutput) -> dict[str, Any]:
         "top_logprobs": [[[i, lp] for i, lp in top] for top in out.top_logprobs] if any(out.top_logprobs) else None,
         "finish_reason": out.finish_reason,
         "weight_version": out.weight_version,
+        **({"prompt_logprobs": list(out.prompt_logprobs)} if out.prompt_logprobs is not None else {}),
+        **({"prompt_top_logprobs": [[[i, lp] for i, lp in top] for top in out.prompt_top_logprobs]}
+           if out.prompt_top_logprobs is not None else {}),
     }
 
 

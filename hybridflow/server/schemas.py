@@ -175,7 +175,7 @@ class ChatCompletionRequest(OpenAISampling):
 class GenerateSamplingParams(_Body):
     """``sampling_params`` of ``POST /generate`` (the sampler's own names)."""
 
-    max_new_tokens: int = Field(16, ge=1)
+    max_new_tokens: int = Field(16, ge=0)  # 0: score the prompt only (needs prompt_logprobs)
     temperature: float = Field(1.0, ge=0, le=MAX_TEMPERATURE)
     top_p: float = Field(1.0, ge=MIN_TOP_P, le=1)
     top_k: int = Field(-1, ge=-1, le=TOP_K_MAX)
@@ -193,6 +193,8 @@ class GenerateRequest(_Body):
     input_ids: list[int] | list[list[int]] = Field(min_length=1)
     sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
     top_logprobs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
+    # Not None: also the log-prob of each prompt token (after the first), and the k best when > 0.
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     def prompts(self) -> list[list[int]]:
         if isinstance(self.input_ids[0], list):
@@ -204,3 +206,16 @@ class UpdateWeightsRequest(_Body):
     """``POST /update_weights_from_disk``: reload the weights from a Hugging Face folder."""
 
     model_path: str = Field(min_length=1)
+    version: int | None = Field(None, ge=0)  # the weight_version to report afterwards (default: + 1)
+
+
+class SleepRequest(_Body):
+    """``POST /sleep``: free the KV cache (level 1) and the weights too (level 2)."""
+
+    level: int = Field(1, ge=1, le=2)
+
+
+class WakeUpRequest(_Body):
+    """``POST /wake_up``: re-allocate ``weights`` and/or ``kv_cache`` (null: both)."""
+
+    tags: list[str] | None = None

@@ -19,7 +19,7 @@ import hmac
 import ipaddress
 import json
 import socket
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
 Scope = MutableMapping[str, Any]
@@ -116,11 +116,19 @@ async def _reply(send: Send, status: int, message: str, code: str, headers: list
 class RequestGuard:
     """ASGI middleware: Host allow-list, optional bearer key, body size limit (see the module doc)."""
 
-    def __init__(self, app: ASGIApp, allowed_hosts: Iterable[str], api_key: str | None, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        allowed_hosts: Iterable[str],
+        api_key: str | None,
+        max_body_bytes: int,
+        body_limits: Mapping[str, int] | None = None,
+    ) -> None:
         self.app = app
         self.allowed_hosts = frozenset(allowed_hosts)
         self.api_key = api_key.encode() if api_key else None
         self.max_body_bytes = max_body_bytes
+        self.body_limits = dict(body_limits or {})  # path → its own limit (weight pushes are large)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -136,19 +144,21 @@ class RequestGuard:
             await _reply(send, 401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
                          "invalid_api_key", [(b"www-authenticate", b"Bearer")])
             return
+        limit = self.body_limits.get(scope.get("path", ""), self.max_body_bytes)
         length = headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
-            await _reply(send, 413, f"request body is larger than this server's limit of {self.max_body_bytes} "
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            await _reply(send, 413, f"request body is larger than this server's limit of {limit} "
                          "bytes", "body_too_large")
             return
-        await self.app(scope, self._counting(receive), send)
+        await self.app(scope, self._counting(receive, limit), send)
 
     def _key_ok(self, header: bytes) -> bool:
         scheme, _, token = header.partition(b" ")
         # compare_digest: the time taken does not tell how much of a guessed key was right.
         return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key)
 
-    def _counting(self, receive: Receive) -> Receive:
+    @staticmethod
+    def _counting(receive: Receive, limit: int) -> Receive:
         seen = 0
 
         async def wrapped() -> Message:
@@ -156,8 +166,8 @@ class RequestGuard:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_body_bytes:
-                    raise BodyTooLarge(self.max_body_bytes)
+                if seen > limit:
+                    raise BodyTooLarge(limit)
             return message
 
         return wrapped

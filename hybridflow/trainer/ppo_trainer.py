@@ -15,7 +15,8 @@ numbered phases of the HybridFlow paper's algorithm, each a named call.
       5 values        critic.compute_values                (when the estimator needs values)
       6 advantage     KL-in-reward, then ADV_ESTIMATORS[name] via compute_advantage
       7 update        critic.update_critic, actor.update_actor (after critic_warmup)
-      8 weight sync   rollout.update_weights (a no-op when the rollout shares the actor's module)
+      8 weight sync   rollout.update_weights(version=step) through rollout.checkpoint_engine (a
+                      version stamp only when the rollout shares the actor's module)
 
 Which optional phases run is decided once, in ``__init__``, from the estimator's declared
 needs (``EstimatorSpec``) and the config — never by branching on the estimator's name.
@@ -225,7 +226,7 @@ class PPOTrainer:
                 with timer.phase("update_actor"):
                     metrics |= self.update_actor(batch)
             with timer.phase("sync_weights"):
-                self.workers.rollout.update_weights()
+                metrics |= self.workers.rollout.update_weights(version=self.global_steps)[0]
         if self.config.trainer.rollout_data_dir:
             dump_rollouts(self.config.trainer.rollout_data_dir, self.global_steps, self.tokenizer, batch)
         metrics |= compute_data_metrics(batch, self.use_critic)
@@ -502,6 +503,7 @@ class PPOTrainer:
         try:
             self.tracking.finish()
         finally:
+            self.workers.rollout.close()  # the weight sync's connections / temporary files
             for group in self.workers.owners:
                 group.shutdown()
             for service in self.services:
@@ -531,5 +533,6 @@ class PPOTrainer:
             ckpt.restore_entry(path, state, "kl_ctrl", self.kl_ctrl.load_state_dict)
             ckpt.restore_entry(path, state, "rng", ckpt.set_rng_state)
             self.global_steps = state["global_steps"]
+            self.workers.rollout.update_weights(version=self.global_steps)  # the resumed weights, stamped
             print(f"resumed from {path} at step {self.global_steps}")
         self.tracking.rewind(self.global_steps + 1 if path is not None else 0)

@@ -5,8 +5,6 @@ reported, and the HTTP client against a real server on loopback answers the same
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
 import time
 from collections.abc import Iterator
 
@@ -20,6 +18,7 @@ from hybridflow.inference.generation import generate
 from hybridflow.inference.protocol import SamplingParams, TokenClient
 from hybridflow.inference.sampling import SamplingParams as BatcherSampling
 from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_model
+from tests.serving import serve_in_thread
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TIMEOUT_S = 60
@@ -154,16 +153,9 @@ def test_cancelling_the_caller_cancels_the_request(engine):
 # ---- HTTP against a real server on loopback ------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def served(tokenizer) -> Iterator[tuple[str, GenerationEngine]]:
     """``build_app`` under uvicorn in a thread of this process: (base URL, the app's engine)."""
-    uvicorn = pytest.importorskip("uvicorn")
     pytest.importorskip("fastapi")
     from hybridflow.server.app import ServerState, build_app
     from hybridflow.server.text import TextCodec
@@ -171,19 +163,8 @@ def served(tokenizer) -> Iterator[tuple[str, GenerationEngine]]:
     engine = GenerationEngine(build_tiny_model(tokenizer, seed=0), tokenizer.pad_token_id)
     state = ServerState(engine=engine, codec=TextCodec(tokenizer), model_name="tiny", max_model_len=1024,
                         eos_token_ids=(tokenizer.eos_token_id,), api_key="k")
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + TIMEOUT_S
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}", engine
-    finally:
-        server.should_exit = True
-        thread.join(TIMEOUT_S)
+    with serve_in_thread(build_app(state)) as url:
+        yield url, engine
 
 
 def test_http_client_equals_the_in_process_client_under_greedy(served, tokenizer):

@@ -14,7 +14,6 @@ import http.server
 import math
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from hybridflow.inference.engine import GenerationEngine
 from hybridflow.models.reward_model import last_token_scores
 from hybridflow.models.tiny import build_tiny_model
 from hybridflow.workers.reward.custom import load_custom_reward_function
+from tests.serving import free_port, serve_in_thread
 from hybridflow.workers.reward.judge import (
     API_KEY_ENV,
     JudgeError,
@@ -46,12 +46,6 @@ QUESTION, RESPONSE, REFERENCE = "What is 2 + 3?", "2 + 3 = 5. #### 5", "5"
 MESSAGES = render_judge_messages(QUESTION, RESPONSE, reference=REFERENCE)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(autouse=True)
 def _api_key(monkeypatch: pytest.MonkeyPatch) -> None:
     # The judge client's default key, as a trainer-started server and its scorers would share it.
@@ -61,7 +55,6 @@ def _api_key(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="module")
 def judge(tokenizer) -> Iterator[tuple[str, object]]:
     """The tiny llama (fp32, seed 0) served in this process: (``"host:port"``, the server's codec)."""
-    uvicorn = pytest.importorskip("uvicorn")
     pytest.importorskip("fastapi")
     from hybridflow.server.app import ServerState, build_app
     from hybridflow.server.text import TextCodec
@@ -69,19 +62,8 @@ def judge(tokenizer) -> Iterator[tuple[str, object]]:
     engine = GenerationEngine(build_tiny_model(tokenizer, seed=0, dtype=torch.float32), tokenizer.pad_token_id)
     state = ServerState(engine=engine, codec=TextCodec(tokenizer), model_name="tiny-judge", max_model_len=1024,
                         eos_token_ids=(tokenizer.eos_token_id,), api_key=API_KEY)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + TIMEOUT_S
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"127.0.0.1:{port}", state.codec
-    finally:
-        server.should_exit = True
-        thread.join(TIMEOUT_S)
+    with serve_in_thread(build_app(state)) as url:
+        yield url.removeprefix("http://"), state.codec
 
 
 @dataclass(frozen=True)
@@ -212,7 +194,7 @@ def test_neither_side_listed_is_no_verdict(judge, reference):
 
 
 def test_connection_refused_names_the_address():
-    address = f"127.0.0.1:{_free_port()}"  # nothing listens there
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
     with pytest.raises(JudgeError, match=rf"cannot reach the judge at http://{address}/v1/models"):
         judge_yes_no(address, MESSAGES)
     with pytest.raises(JudgeError, match=rf"http://{address}/v1/chat/completions.*reward_model.enable=true"):

@@ -69,7 +69,7 @@ def _scripted(state, text: str) -> list:
     ids = state.codec.encode(text, add_special_tokens=False)
     prompts = []
 
-    def submit(request):
+    def submit(request, prompt_logprobs=None):
         prompts.append(request.prompt_ids)
         future: Future = Future()
         future.set_result([SampleOutput(token_ids=list(ids), logprobs=[0.0] * len(ids),

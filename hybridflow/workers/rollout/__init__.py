@@ -10,7 +10,7 @@ from hybridflow.workers.rollout.agent_loop import AgentLoopRollout
 from hybridflow.workers.rollout.base import ROLLOUTS, BaseRollout, get_rollout_class
 from hybridflow.workers.rollout.metrics import actor_logprob_diff
 from hybridflow.workers.rollout.torch_rollout import TorchRollout
-from hybridflow.workers.rollout.weight_sync import iter_weight_buckets
+from hybridflow.inference.weight_transfer import iter_weight_buckets
 
 __all__ = [
     "AgentLoopRollout",

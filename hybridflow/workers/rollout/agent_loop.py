@@ -20,8 +20,6 @@ Output: verl's fields as collated by :func:`hybridflow.agent.collate.collate_tra
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from typing import Any
 
 import numpy as np
@@ -34,36 +32,16 @@ from hybridflow.config.actor_rollout_ref import RolloutConfig
 from hybridflow.inference.client import InProcessClient
 from hybridflow.inference.engine import GenerationEngine
 from hybridflow.inference.protocol import SamplingParams as ClientSampling
+from hybridflow.inference.sampling import SamplingParams as BatcherSampling
 from hybridflow.protocol import DataProto
 from hybridflow.fields import EXTRA_INFO
 from hybridflow.tools.registry import build_tools
+from hybridflow.utils.async_run import run_coroutine
 from hybridflow.workers.rollout.base import ROLLOUTS
-from hybridflow.workers.rollout.torch_rollout import TorchRollout, _compute_dtype, _meta
+from hybridflow.workers.rollout.torch_rollout import TorchRollout, _compute_dtype, pad_token_id
 
 
 TOOLS_KWARGS = "tools_kwargs"
-
-
-def _run_coroutine(coro: Any) -> Any:
-    """``asyncio.run(coro)``, also from a thread that already runs an event loop (e.g. a Ray actor)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    result: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            result["value"] = asyncio.run(coro)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
-            result["error"] = exc
-
-    thread = threading.Thread(target=target, name="hybridflow-agent-loop")
-    thread.start()
-    thread.join()
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
 
 
 def _with_tools_kwargs(prompts: DataProto) -> DataProto:
@@ -81,27 +59,19 @@ def _with_tools_kwargs(prompts: DataProto) -> DataProto:
                      meta_info=prompts.meta_info)
 
 
-@ROLLOUTS.register("agent_loop")
-class AgentLoopRollout(TorchRollout):
-    """See the module docstring. Arguments as :class:`TorchRollout`."""
+class AgentLoops:
+    """The agent-loop side of a rollout, whatever engine answers: the tool set, the loop table
+    and the run of one batch through its rows' loops against a
+    :class:`~hybridflow.inference.protocol.TokenClient`. Shared by :class:`AgentLoopRollout`
+    (the in-process engine) and :class:`~hybridflow.workers.rollout.server_rollout.ServerRollout`
+    (a server: ``hybridflow serve``, vLLM, SGLang)."""
 
-    def __init__(
-        self,
-        config: RolloutConfig,
-        model: nn.Module,
-        tokenizer: Any = None,
-        *,
-        dtype: torch.dtype | str | None = None,
-        decoder: str = "auto",
-        weight_format: str = "auto",
-    ) -> None:
-        super().__init__(config, model, tokenizer, dtype=dtype, decoder=decoder, weight_format=weight_format)
+    def __init__(self, config: RolloutConfig, tokenizer: Any) -> None:
         if tokenizer is None:
-            raise ValueError("the agent_loop rollout needs the model's tokenizer (chat template)")
-        self.engine_decoder = decoder
-        self.engine_dtype = _compute_dtype(dtype)
+            raise ValueError("the agent loop needs the model's tokenizer (chat template)")
+        self.config = config
+        self.tokenizer = tokenizer
         mt, agent = config.multi_turn, config.agent
-        self.enabled = bool(mt.enable)
         self.tools = build_tools(tool_config_path=mt.tool_config_path, function_tool_path=mt.function_tool_path)
         self.table = agent_loop_table(
             agent.agent_loop_config_path,
@@ -119,6 +89,66 @@ class AgentLoopRollout(TorchRollout):
         self.default_agent_loop = agent.default_agent_loop
         self.table.get(self.default_agent_loop)  # an unknown default fails at start-up, listing the loops
 
+    def client_sampling(self, params: BatcherSampling, seed: int) -> ClientSampling:
+        """The protocol's settings for a batch; seeded: row i, turn t sample from (seed, i, t)."""
+        if params.n != 1:
+            raise ValueError(
+                f"the agent loop answers each row once (meta_info['n']={params.n}); repeat the rows instead "
+                "(the trainer does: rollout.n interleaved copies)"
+            )
+        greedy = not params.do_sample or params.temperature == 0
+        return ClientSampling(
+            temperature=0.0 if greedy else params.temperature, top_p=params.top_p, top_k=params.top_k, seed=seed,
+        )
+
+    def run(
+        self, prompts: DataProto, client: Any, params: BatcherSampling, *, seed: int, pad: int, prompt_length: int
+    ) -> DataProto:
+        """Every row through its loop, concurrently, on ``client``; verl's fields collated."""
+        meta = prompts.meta_info
+        context = AgentContext(
+            client=client,
+            tokenizer=self.tokenizer,
+            response_length=params.max_new_tokens,
+            tools=self.tools,
+            chat_template_kwargs=dict(meta.get("chat_template_kwargs") or {}),
+        )
+        out = run_coroutine(
+            run_agent_loops(
+                _with_tools_kwargs(prompts), table=self.table, context=context,
+                sampling=self.client_sampling(params, seed), prompt_length=prompt_length,
+                pad_token_id=pad, default_agent_loop=self.default_agent_loop,
+            )
+        )
+        device = prompts.batch["input_ids"].device if prompts.batch is not None else torch.device("cpu")
+        return out.to(device)
+
+
+def batch_seed(meta: dict[str, Any], generator: torch.Generator) -> int:
+    """The call's seed: ``meta_info['seed']`` (the trainer's per-step seed), else the rollout's."""
+    return int(meta["seed"]) if "seed" in meta else int(generator.initial_seed())
+
+
+@ROLLOUTS.register("agent_loop")
+class AgentLoopRollout(TorchRollout):
+    """See the module docstring. Arguments as :class:`TorchRollout`."""
+
+    def __init__(
+        self,
+        config: RolloutConfig,
+        model: nn.Module,
+        tokenizer: Any = None,
+        *,
+        dtype: torch.dtype | str | None = None,
+        decoder: str = "auto",
+        weight_format: str = "auto",
+    ) -> None:
+        super().__init__(config, model, tokenizer, dtype=dtype, decoder=decoder, weight_format=weight_format)
+        self.loops = AgentLoops(config, tokenizer)
+        self.engine_decoder = decoder
+        self.engine_dtype = _compute_dtype(dtype)
+        self.enabled = bool(config.multi_turn.enable)
+
     def uses_agent_loop(self, prompts: DataProto) -> bool:
         """True when this batch goes through the agent loops."""
         return self.enabled or AGENT_NAME in prompts.non_tensor_batch
@@ -128,45 +158,20 @@ class AgentLoopRollout(TorchRollout):
             return super().generate_sequences(prompts)
         meta = dict(prompts.meta_info)
         params = self.sampling_params(meta)
-        if params.n != 1:
-            raise ValueError(
-                f"the agent loop answers each row once (meta_info['n']={params.n}); repeat the rows instead "
-                "(the trainer does: rollout.n interleaved copies)"
-            )
-        pad = _meta(meta, "pad_token_id", None)
-        pad = self.default_pad if pad is None else int(pad)
-        if pad is None:
-            raise ValueError("no pad token id: pass meta_info['pad_token_id'] or a tokenizer with a pad/eos token")
-        greedy = not params.do_sample or params.temperature == 0
+        pad = pad_token_id(meta, self.default_pad)
         width = prompts.batch["input_ids"].shape[1] if prompts.batch is not None else 0
-        prompt_length = self.config.prompt_length or width
         self._check_lengths(width, params.max_new_tokens)
-        seed = int(meta["seed"]) if "seed" in meta else int(self.generator.initial_seed())
-        sampling = ClientSampling(  # seeded: row i, turn t sample from seed (step seed, i, t)
-            temperature=0.0 if greedy else params.temperature, top_p=params.top_p, top_k=params.top_k, seed=seed,
-        )
+        seed = batch_seed(meta, self.generator)
         engine = GenerationEngine(
             self.model, pad, decoder=self.engine_decoder, dtype=self.engine_dtype,
             max_rows=max(1, len(prompts)), seed=seed,
         )
         stops = () if params.ignore_eos else params.stop_token_ids
-        context = AgentContext(
-            client=InProcessClient(engine, stop_token_ids=stops),
-            tokenizer=self.tokenizer,
-            response_length=params.max_new_tokens,
-            tools=self.tools,
-            chat_template_kwargs=dict(meta.get("chat_template_kwargs") or {}),
-        )
-        rows = _with_tools_kwargs(prompts)
         engine.start()
         try:
-            out = _run_coroutine(
-                run_agent_loops(
-                    rows, table=self.table, context=context, sampling=sampling, prompt_length=prompt_length,
-                    pad_token_id=pad, default_agent_loop=self.default_agent_loop,
-                )
+            return self.loops.run(
+                prompts, InProcessClient(engine, stop_token_ids=stops), params,
+                seed=seed, pad=pad, prompt_length=self.config.prompt_length or width,
             )
         finally:
             engine.shutdown()
-        device = prompts.batch["input_ids"].device if prompts.batch is not None else torch.device("cpu")
-        return out.to(device)

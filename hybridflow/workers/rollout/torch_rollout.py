@@ -55,6 +55,34 @@ def _meta(meta: Mapping[str, Any], key: str, fallback: Any) -> Any:
     return meta[key] if key in meta else fallback
 
 
+def pad_token_id(meta: Mapping[str, Any], default: int | None) -> int:
+    """The call's pad id: ``meta['pad_token_id']``, else ``default`` (the tokenizer's pad/eos)."""
+    pad = _meta(meta, "pad_token_id", None)
+    pad = default if pad is None else int(pad)
+    if pad is None:
+        raise ValueError("no pad token id: pass meta_info['pad_token_id'] or a tokenizer with a pad/eos token")
+    return pad
+
+
+def rollout_sampling(config: RolloutConfig, meta: Mapping[str, Any], default_eos: tuple[int, ...]) -> SamplingParams:
+    """Settings for one call: ``config`` (or its ``val_kwargs`` when ``meta['validate']``),
+    overridden by the keys the caller put in ``meta``; the stop ids are the EOS ids plus
+    ``meta['stop_token_ids']``."""
+    base = config.val_kwargs if bool(_meta(meta, "validate", False)) else config
+    eos = _token_ids(_meta(meta, "eos_token_id", default_eos), "meta_info['eos_token_id']")
+    stops = eos + _token_ids(_meta(meta, "stop_token_ids", None), "meta_info['stop_token_ids']")
+    return SamplingParams(
+        max_new_tokens=int(_meta(meta, "response_length", config.response_length)),
+        temperature=float(_meta(meta, "temperature", base.temperature)),
+        top_k=int(_meta(meta, "top_k", base.top_k)),
+        top_p=float(_meta(meta, "top_p", base.top_p)),
+        do_sample=bool(_meta(meta, "do_sample", base.do_sample)),
+        n=int(_meta(meta, "n", 1)),
+        stop_token_ids=tuple(dict.fromkeys(stops)),
+        ignore_eos=config.ignore_eos,
+    )
+
+
 @ROLLOUTS.register("torch")
 class TorchRollout(BaseRollout):
     """The built-in sampler. See the module docstring."""
@@ -94,19 +122,7 @@ class TorchRollout(BaseRollout):
     # ---- sampling settings -------------------------------------------------------------------
     def sampling_params(self, meta: Mapping[str, Any]) -> SamplingParams:
         """Settings for one call: config (or ``val_kwargs`` when ``meta['validate']``) + overrides."""
-        base = self.config.val_kwargs if bool(_meta(meta, "validate", False)) else self.config
-        eos = _token_ids(_meta(meta, "eos_token_id", self.default_eos), "meta_info['eos_token_id']")
-        stops = eos + _token_ids(_meta(meta, "stop_token_ids", None), "meta_info['stop_token_ids']")
-        return SamplingParams(
-            max_new_tokens=int(_meta(meta, "response_length", self.config.response_length)),
-            temperature=float(_meta(meta, "temperature", base.temperature)),
-            top_k=int(_meta(meta, "top_k", base.top_k)),
-            top_p=float(_meta(meta, "top_p", base.top_p)),
-            do_sample=bool(_meta(meta, "do_sample", base.do_sample)),
-            n=int(_meta(meta, "n", 1)),
-            stop_token_ids=tuple(dict.fromkeys(stops)),
-            ignore_eos=self.config.ignore_eos,
-        )
+        return rollout_sampling(self.config, meta, self.default_eos)
 
     def _check_lengths(self, prompt_len: int, response_len: int) -> None:
         limit = self.config.prompt_length
@@ -126,10 +142,7 @@ class TorchRollout(BaseRollout):
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         meta = dict(prompts.meta_info)
         params = self.sampling_params(meta)
-        pad = _meta(meta, "pad_token_id", None)
-        pad = self.default_pad if pad is None else int(pad)
-        if pad is None:
-            raise ValueError("no pad token id: pass meta_info['pad_token_id'] or a tokenizer with a pad/eos token")
+        pad = pad_token_id(meta, self.default_pad)
         batch = prompts.batch
         for key in (F.INPUT_IDS, F.ATTENTION_MASK, F.POSITION_IDS):
             if batch is None or key not in batch.keys():
@@ -179,6 +192,10 @@ class TorchRollout(BaseRollout):
     def update_weights(self, weights: NamedTensors) -> None:
         """Copy new weights into the module (skipped for tensors that already are its parameters)."""
         load_named_tensors(self.model, weights)
+        self.weights_changed()
+
+    def weights_changed(self) -> None:
+        """The module's tensors were replaced in place: drop the packed copies."""
         self.decoder.invalidate_weights()
 
     def release(self) -> None:

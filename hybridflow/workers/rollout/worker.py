@@ -1,39 +1,85 @@
-"""The rollout role: a worker that owns one rollout engine (``actor_rollout_ref.rollout.name``).
+"""The rollout role: a worker that owns one rollout engine and keeps its weights current.
 
-Colocated with the actor (the default placement) it samples from the actor's live module,
-looked up under ``share_name`` (see :mod:`hybridflow.workers.shared_policy`): no second model,
-no weight copy, nothing to push after an update. Placed on its own (``share_name=None``) it
-loads the model from ``actor_rollout_ref.model.path`` and receives weights through
-:meth:`RolloutWorker.update_weights`, bucket by bucket.
+How the actor's weights reach it is ``rollout.checkpoint_engine.backend`` (a
+:mod:`hybridflow.weight_sync` backend):
 
-Colocated with a *sharded* actor (the FSDP engine: its module holds only this rank's rows of
-each weight) it cannot sample from that module — every forward would be a collective, and
-ranks stop generating at different steps. It keeps its own full copy instead and pulls the
-actor engine's ``iter_sync_weights()`` (all ranks together) whenever the engine's
-``weights_version`` moved: in ``update_weights()`` and, at the latest, before generating.
+* ``shared`` — colocated with an unsharded actor, it samples from the actor's live module,
+  looked up under ``share_name`` (see :mod:`hybridflow.workers.shared_policy`): no second
+  model, no copy; a sync only stamps the version.
+* ``inproc`` / ``disk`` — it loads its own copy of ``actor_rollout_ref.model.path`` and
+  receives the actor engine's ``iter_sync_weights()`` (LoRA merged, FSDP shards gathered — all
+  ranks together) as bucketed in-memory copies or as safetensors files.
+* ``http`` — it holds no model: a ``hybridflow serve --control-routes`` process at
+  ``engine_kwargs.url`` generates (:class:`~hybridflow.workers.rollout.server_rollout.ServerRollout`)
+  and rank 0 posts the weights to it in safetensors buckets.
+* ``naive`` (verl's default) — ``shared`` where it can be, else ``inproc`` (a sharded actor).
+
+``rollout.name=vllm|sglang`` generates on that engine's adapter (a ``ServerRollout`` too), and
+weights go to it bucket by bucket through its ``update_weights``.
+
+The trainer calls :meth:`RolloutWorker.update_weights` after every actor update with the
+global step, which every backend stamps as the rollout's ``weight_version``. The weights are
+also pulled before generating whenever the actor engine's ``weights_version`` moved since the
+last sync (a resumed checkpoint, the first step).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import torch
 
 from hybridflow.config import ActorRolloutRefConfig
-from hybridflow.engine.base import TrainEngine
 from hybridflow.controller import Dispatch, Worker, register
-from hybridflow.models import load_model_and_tokenizer, policy_attn_implementation
+from hybridflow.engine.base import TrainEngine
+from hybridflow.inference.weight_transfer import named_pairs
+from hybridflow.models import load_model_and_tokenizer, load_tokenizer, policy_attn_implementation, resolve_model_path
 from hybridflow.protocol import DataProto
+from hybridflow.utils.async_run import run_coroutine
 from hybridflow.utils.precision import resolve_compute_dtype
+from hybridflow.weight_sync import ModuleTarget, WeightSync, build_weight_sync
 from hybridflow.workers.rollout.base import ROLLOUTS, BaseRollout, NamedTensors
-from hybridflow.workers.rollout.weight_sync import iter_weight_buckets
-from hybridflow.workers.shared_policy import DEFAULT_SHARE_NAME, lookup_policy
+from hybridflow.workers.shared_policy import DEFAULT_SHARE_NAME, SharedPolicy, lookup_policy
+
+SERVER_ENGINES = ("vllm", "sglang")
+
+
+def resolve_backend(backend: str, shared: SharedPolicy | None) -> str:
+    """``naive`` → ``shared`` when an unsharded actor's module is at hand, else ``inproc``."""
+    can_share = shared is not None and not shared.engine.shards_parameters
+    if backend == "naive":
+        return "shared" if can_share else "inproc"
+    if backend == "shared" and not can_share:
+        why = "no colocated actor in this process" if shared is None else "the actor's module is sharded (FSDP)"
+        raise ValueError(f"rollout.checkpoint_engine.backend=shared needs the actor's live module, but {why}; "
+                         "use inproc (or naive)")
+    return backend
+
+
+class _ServerTarget:
+    """An :class:`~hybridflow.inference.protocol.InferenceServer` adapter (vLLM, SGLang) as a
+    weight-sync target: each bucket goes to the engine's ``update_weights`` as it is staged
+    (these engines load weights in place; the atomic swap is the built-in engine's)."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.weight_version = 0
+
+    def stage(self, bucket: NamedTensors) -> dict[str, torch.Tensor]:
+        run_coroutine(self.server.update_weights(list(named_pairs(bucket)), self.weight_version))
+        return {}
+
+    def swap_in(self, staged: dict[str, torch.Tensor], version: int) -> int:
+        self.weight_version = int(version)
+        return 0
 
 
 class RolloutWorker(Worker):
     """Generates responses. Args: the ``actor_rollout_ref`` config; ``device``; ``seed`` (used
-    when ``rollout.seed`` is null); ``share_name`` — sample from the actor policy published
-    under this name in this process (None: load an own copy of the model)."""
+    when ``rollout.seed`` is null); ``share_name`` — where the colocated actor published its
+    policy in this process (None: no actor here; weights come only through
+    :meth:`update_weights` with explicit tensors)."""
 
     def __init__(
         self,
@@ -47,20 +93,31 @@ class RolloutWorker(Worker):
         self.device = torch.device(device)
         self.seed = seed
         self.share_name = share_name
+        self.backend = ""
         self._rollout: BaseRollout | None = None
-        self._shares_actor = False
-        self._sync_source: TrainEngine | None = None  # a sharded actor engine to pull weights from
-        self._synced_version = -1
+        self._sync: WeightSync | None = None
+        self._source: TrainEngine | None = None  # the colocated actor engine weights come from
+        self._synced_engine_version = -1  # the source engine's weights_version at the last sync
+        self.weight_version = 0  # the version the rollout serves (the global step of its weights)
+        self.last_sync: dict[str, float] = {}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        """Borrow the colocated actor's module, or load an own copy; build the rollout engine."""
+        """Borrow the colocated actor's module, load an own copy, or connect to a server."""
         model_cfg, rollout_cfg = self.config.model, self.config.rollout
+        ce = rollout_cfg.checkpoint_engine
+        if rollout_cfg.seed is None:
+            rollout_cfg = replace(rollout_cfg, seed=self.seed)
         compute_dtype = resolve_compute_dtype(model_cfg.dtype, self.device)
         shared = lookup_policy(self.share_name, self.rank) if self.share_name is not None else None
-        if shared is not None and not shared.engine.shards_parameters:
+        self._source = shared.engine if shared is not None else None
+        self.backend = "inproc" if rollout_cfg.name in SERVER_ENGINES else resolve_backend(ce.backend, shared)
+        bucket_bytes = ce.update_weights_bucket_megabytes * 2**20
+        if rollout_cfg.name in SERVER_ENGINES or self.backend == "http":
+            self._init_server(rollout_cfg, shared, bucket_bytes)
+            return
+        if self.backend == "shared":
             module, tokenizer = shared.module, shared.tokenizer
-            self._shares_actor = True
         else:
             module, tokenizer = load_model_and_tokenizer(
                 model_cfg.path,
@@ -68,16 +125,38 @@ class RolloutWorker(Worker):
                 trust_remote_code=model_cfg.trust_remote_code,
                 attn_implementation=policy_attn_implementation(self.config, self.device),
             )
-            module.requires_grad_(False)
-            module = module.to(self.device)
-            self._sync_source = shared.engine if shared is not None else None
-        if rollout_cfg.seed is None:
-            rollout_cfg = replace(rollout_cfg, seed=self.seed)
+            module = module.requires_grad_(False).to(self.device)
         # The built-in sampler comes as its agent-loop form: the plain path unless
         # multi_turn.enable is on or a batch has an agent_name column.
         name = "agent_loop" if rollout_cfg.name == "torch" else rollout_cfg.name
-        rollout_cls = ROLLOUTS.get(name)
-        self._rollout = rollout_cls(rollout_cfg, module, tokenizer, dtype=compute_dtype)
+        rollout = ROLLOUTS.get(name)(rollout_cfg, module, tokenizer, dtype=compute_dtype)
+        self._rollout = rollout
+        kwargs = dict(ce.engine_kwargs)
+        if self.backend == "disk" and kwargs.get("dir") is not None:
+            kwargs["dir"] = f"{kwargs['dir']}/rank{self.rank}"  # one folder per rank: each loads its own copy
+        target = ModuleTarget(module, on_swap=getattr(rollout, "weights_changed", None))
+        self._sync = build_weight_sync(self.backend, target, bucket_bytes, **kwargs)
+
+    def _init_server(self, rollout_cfg: Any, shared: SharedPolicy | None, bucket_bytes: int) -> None:
+        from hybridflow.workers.rollout.server_rollout import ServerRollout
+
+        tokenizer = shared.tokenizer if shared is not None else self._load_tokenizer()
+        if rollout_cfg.name in SERVER_ENGINES:
+            from hybridflow.inference.adapters import make_adapter
+
+            server = make_adapter(rollout_cfg.name, str(resolve_model_path(self.config.model.path)))
+            self._sync = build_weight_sync("inproc", _ServerTarget(server), bucket_bytes)
+        else:
+            from hybridflow.inference.client import HttpClient
+
+            kwargs = dict(rollout_cfg.checkpoint_engine.engine_kwargs)
+            server = HttpClient(kwargs["url"], api_key=kwargs.get("api_key"),
+                                timeout_s=float(kwargs.get("timeout_s", 600.0)), weight_bucket_bytes=bucket_bytes)
+            self._sync = build_weight_sync("http", server, bucket_bytes)
+        self._rollout = ServerRollout(rollout_cfg, server, tokenizer)
+
+    def _load_tokenizer(self) -> Any:
+        return load_tokenizer(self.config.model.path, trust_remote_code=self.config.model.trust_remote_code)
 
     @property
     def rollout(self) -> BaseRollout:
@@ -88,52 +167,64 @@ class RolloutWorker(Worker):
     @property
     def shares_actor_module(self) -> bool:
         """True when sampling from the colocated actor's module (weights are always current)."""
-        return self._shares_actor
+        return self.backend == "shared"
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Responses for this rank's prompts (fields: see :mod:`hybridflow.workers.rollout.base`)."""
-        self._pull_weights_if_stale()
+        self._pull_weights_if_stale(self.weight_version)
         out = self.rollout.generate_sequences(prompts.to(self.device))
         if self.config.rollout.free_cache_engine:
             # The packed weights go stale at the next update anyway; holding them (a full copy
             # of the model) through the training phases would only raise peak memory.
             self.rollout.release()
+        out.meta_info["weight_version"] = self.weight_version
         return out.to("cpu")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def update_weights(self, weights: NamedTensors | None = None) -> None:
-        """Load the actor's new weights; nothing to do when sharing its module.
+    def update_weights(self, weights: NamedTensors | None = None, version: int | None = None) -> dict[str, float]:
+        """Bring the rollout to the actor's current weights and stamp ``version`` (default: one
+        more than now). Returns the sync's ``weight_sync/*`` metrics (empty when nothing moved).
 
-        ``weights``: ``(name, tensor)`` pairs or a mapping with the policy's state-dict names
-        (e.g. the engine's ``iter_sync_weights()``); they are loaded in buckets of
-        ``rollout.update_weights_bucket_megabytes``.
+        ``weights``: explicit ``(name, tensor)`` pairs or a mapping with the policy's
+        state-dict names (a rollout without a colocated actor); None pulls from the colocated
+        actor engine (all ranks together: a sharded engine gathers collectively).
         """
-        if weights is None:
-            if self._sync_source is not None:
-                self._pull_weights_if_stale()
-                return
-            if self._shares_actor:
-                return
+        version = self.weight_version + 1 if version is None else int(version)
+        if weights is not None:
+            return self._sync_now(named_pairs(weights), version)
+        if self._source is None:
             raise ValueError(
-                "update_weights() without weights: this rollout holds its own model copy "
-                "(share_name=None); pass the actor's (name, tensor) pairs"
+                "update_weights() without weights: this rollout has no colocated actor (share_name=None); "
+                "pass the actor's (name, tensor) pairs"
             )
-        self._load_in_buckets(weights.items() if isinstance(weights, dict) else weights)
+        if not self._pull_weights_if_stale(version):
+            self.weight_version = version  # the weights did not change since the last sync
+            self.last_sync = {}
+        return self.last_sync
 
-    def _load_in_buckets(self, pairs: NamedTensors) -> None:
-        budget = self.config.rollout.update_weights_bucket_megabytes * 2**20
-        for bucket in iter_weight_buckets(pairs, budget):
-            self.rollout.update_weights(bucket)
+    def _pull_weights_if_stale(self, version: int) -> bool:
+        """Sync from the colocated actor engine when its weights changed since the last sync
+        (collective for a sharded engine: every rank runs this at the same point)."""
+        engine = self._source
+        if engine is None or engine.weights_version == self._synced_engine_version:
+            return False
+        if self.backend == "shared":
+            self._sync_now((), version)
+        elif self.backend == "http" and self.rank != 0:
+            for _ in engine.iter_sync_weights():  # the gather is collective; rank 0 alone posts
+                pass
+            self.weight_version = version
+        else:
+            self._sync_now(engine.iter_sync_weights(), version)
+        self._synced_engine_version = engine.weights_version
+        return True
 
-    def _pull_weights_if_stale(self) -> None:
-        """Copy the sharded actor's full weights when they changed since the last pull
-        (collective: every rank runs this at the same point, with the same versions)."""
-        engine = self._sync_source
-        if engine is None or engine.weights_version == self._synced_version:
-            return
-        self._load_in_buckets(engine.iter_sync_weights())
-        self._synced_version = engine.weights_version
+    def _sync_now(self, pairs: NamedTensors, version: int) -> dict[str, float]:
+        report = self._sync.sync(pairs, version)
+        self.weight_version = version
+        self.last_sync = {**report.metrics(), "timing_s/weight_sync_transfer": report.seconds}
+        return self.last_sync
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def release(self) -> None:
@@ -143,3 +234,9 @@ class RolloutWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def resume(self) -> None:
         self.rollout.resume()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def close(self) -> None:
+        """Release the weight sync's connections and files."""
+        if self._sync is not None:
+            self._sync.close()
