@@ -290,6 +290,41 @@ class TrainerConfig:
     max_critic_ckpt_to_keep: int | None = setting(None, "keep only the newest N critic checkpoints; null = all", ge=1)
 
 
+ASYNC_MODES: tuple[str, ...] = ("sync", "one_step_off", "fully_async")
+
+
+@dataclass(frozen=True)
+class AsyncTrainingConfig:
+    """``async_training``: generation and training overlap (verl's one-step-off and fully
+    asynchronous policies). See docs/async.md."""
+
+    mode: str = setting(
+        "sync",
+        "sync (generate, then train), one_step_off (the rollout generates step k+1's batch with θ_k while the trainer "
+        "computes θ_k+1 from batch k: staleness exactly 1), fully_async (a rollouter streams mini-batches into a "
+        "bounded queue; the knobs below)",
+    )
+    staleness_threshold: int = setting(
+        1, "fully_async: no trained sample comes from weights more than this many syncs older than the ones being "
+        "updated (0 = synchronous on-policy); one_step_off uses 1", ge=0,
+    )
+    trigger_parameter_sync_step: int = setting(
+        1, "fully_async: local updates between two weight syncs to the rollout; one_step_off uses 1", ge=1
+    )
+    require_batches: int = setting(
+        1, "fully_async: ppo_mini_batch_size prompt groups per local update = require_batches × ppo_mini_batch_size; "
+        "one_step_off takes data.train_batch_size", ge=1,
+    )
+    partial_rollout: bool = setting(
+        False, "abort in-flight generations at a sync and resume them on the new weights (not implemented yet: "
+        "true is refused; in-flight generations finish on the old weights first)",
+    )
+    use_rollout_log_probs: bool = setting(
+        True, "bypass mode: π_old := π_rollout (the sampler's own log-probs), unless algorithm.rollout_correction "
+        "sets rollout_is / rollout_rs (decoupled); false keeps the configured correction",
+    )
+
+
 @dataclass(frozen=True)
 class PPOConfig:
     """Root config of the PPO/GRPO trainer (``python -m hybridflow.trainer.main_ppo``)."""
@@ -301,3 +336,4 @@ class PPOConfig:
     custom_reward_function: CustomRewardFunctionConfig = section(CustomRewardFunctionConfig, "user scoring function")
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "advantage estimation and KL")
     trainer: TrainerConfig = section(TrainerConfig, "loop, placement, logging, checkpoints")
+    async_training: AsyncTrainingConfig = section(AsyncTrainingConfig, "overlap generation and training (one-step-off, fully async)")

@@ -95,7 +95,9 @@ def resolve_ppo_config(cfg: PPOConfig) -> PPOConfig:
     """Fill every "null = <other key>" default; the result has no such ``None`` left."""
     arr = cfg.actor_rollout_ref
     world_size = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-    algorithm = _resolve_algorithm(cfg.algorithm, arr.actor.policy_loss.loss_mode)
+    asynchronous = cfg.async_training.mode != "sync"
+    algorithm = _resolve_algorithm(cfg.algorithm, arr.actor.policy_loss.loss_mode,
+                                   bypass=asynchronous and cfg.async_training.use_rollout_log_probs)
     actor = _resolve_actor(arr.actor, world_size, algorithm.rollout_correction)
     rollout = replace(
         arr.rollout,
@@ -106,6 +108,10 @@ def resolve_ppo_config(cfg: PPOConfig) -> PPOConfig:
         log_prob_max_token_len_per_gpu=_or(
             arr.rollout.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu
         ),
+        # Asynchronous training needs the sampler's log-probs (the correction) and a rollout
+        # with its own weights (it generates while the actor's change).
+        calculate_log_probs=arr.rollout.calculate_log_probs or asynchronous,
+        checkpoint_engine=_resolve_checkpoint_engine(arr.rollout.checkpoint_engine, asynchronous),
     )
     ref = replace(
         arr.ref,
@@ -124,13 +130,20 @@ def resolve_ppo_config(cfg: PPOConfig) -> PPOConfig:
     )
 
 
-def _resolve_algorithm(algo: AlgorithmConfig, loss_mode: str) -> AlgorithmConfig:
+def _resolve_algorithm(algo: AlgorithmConfig, loss_mode: str, bypass: bool = False) -> AlgorithmConfig:
     """``rollout_rs_threshold`` null = ``rollout_is_threshold``; ``loss_mode=bypass_mode`` (the
-    loss's name) switches bypass mode on, as ``bypass_mode=true`` does."""
+    loss's name) switches bypass mode on, as ``bypass_mode=true`` does; so does ``bypass``
+    (asynchronous training with ``use_rollout_log_probs``) unless a decoupled correction is set."""
     rc = algo.rollout_correction
+    decoupled = rc.rollout_is is not None or rc.rollout_rs is not None
     rc = replace(rc, rollout_rs_threshold=_or(rc.rollout_rs_threshold, rc.rollout_is_threshold),
-                 bypass_mode=rc.bypass_mode or loss_mode == "bypass_mode")
+                 bypass_mode=rc.bypass_mode or loss_mode == "bypass_mode" or (bypass and not decoupled))
     return replace(algo, rollout_correction=rc)
+
+
+def _resolve_checkpoint_engine(ce, asynchronous: bool):
+    """``naive`` means a rollout copy (``inproc``) when training is asynchronous."""
+    return replace(ce, backend="inproc") if asynchronous and ce.backend == "naive" else ce
 
 
 def _resolve_actor(actor: ActorConfig, world_size: int, correction: RolloutCorrectionConfig) -> ActorConfig:
@@ -423,6 +436,37 @@ def rule_rollout_engine(cfg: PPOConfig) -> list[str]:
     return problems
 
 
+def rule_async_training(cfg: PPOConfig) -> list[str]:
+    """Asynchronous training: a known mode, a rollout with its own weights, batch sizes that
+    split into the rollouter's chunks, and the features it does not combine with."""
+    from hybridflow.config.ppo import ASYNC_MODES
+
+    at, key = cfg.async_training, "async_training"
+    if at.mode not in ASYNC_MODES:
+        return [f"{key}.mode={at.mode} is unknown; valid: {', '.join(ASYNC_MODES)}"]
+    if at.mode == "sync":
+        return []
+    problems = []
+    backend = cfg.actor_rollout_ref.rollout.checkpoint_engine.backend
+    if backend == "shared":
+        problems.append(f"{key}.mode={at.mode} generates while the actor trains: the rollout needs its own weights; "
+                        f"set {_ARR}.rollout.checkpoint_engine.backend to inproc (or naive, http, disk)")
+    if at.partial_rollout:
+        problems.append(f"{key}.partial_rollout=true is not implemented yet: at a sync the rollouter's in-flight "
+                        "generation finishes on the old weights first; set it to false")
+    mini, batch = cfg.actor_rollout_ref.actor.ppo_mini_batch_size, cfg.data.train_batch_size
+    if at.mode == "fully_async" and batch % mini:
+        problems.append(f"{key}.mode=fully_async streams mini-batches: data.train_batch_size ({batch}) must be a "
+                        f"multiple of {_ARR}.actor.ppo_mini_batch_size ({mini})")
+    if cfg.algorithm.filter_groups.enable:
+        problems.append(f"{key}.mode={at.mode} does not combine with DAPO dynamic sampling "
+                        "(algorithm.filter_groups.enable): it draws further batches inside a step")
+    if cfg.trainer.backend != "local":
+        problems.append(f"{key}.mode={at.mode} runs the rollouter as a thread of the controller and needs "
+                        "trainer.backend=local (Ray worker groups with separate pools are not done yet)")
+    return problems
+
+
 def rule_trainer(cfg: PPOConfig) -> list[str]:
     trainer = cfg.trainer
     problems = []
@@ -447,5 +491,6 @@ PPO_RULES: tuple[Callable[[PPOConfig], list[str]], ...] = (
     rule_trainer,
     rule_reward_model,
     rule_rollout_engine,
+    rule_async_training,
     rule_not_yet,
 )

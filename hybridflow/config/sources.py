@@ -32,9 +32,17 @@ _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 class _YamlLoader(yaml.SafeLoader):
-    """SafeLoader that also reads ``1e-6`` as a float (YAML 1.1 needs a dot; Hydra and verl don't)."""
+    """SafeLoader that also reads ``1e-6`` as a float (YAML 1.1 needs a dot; Hydra and verl don't)
+    and only ``true`` / ``false`` as booleans (as YAML 1.2 and OmegaConf do: YAML 1.1 would turn
+    ``rule_reward=off`` or ``answer=yes`` into a bool)."""
 
 
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_YamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_YamlLoader.add_implicit_resolver(_BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 _YamlLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),

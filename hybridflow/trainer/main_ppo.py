@@ -28,6 +28,7 @@ from hybridflow.models import load_tokenizer, resolve_model_path
 from hybridflow.server.local import LocalServer
 from hybridflow.tracking import Tracking
 from hybridflow.trainer.plot import plot_run
+from hybridflow.trainer.asynchronous import AsyncPPOTrainer
 from hybridflow.trainer.ppo_trainer import PPOTrainer, WorkerGroups
 from hybridflow.workers.critic import CriticWorker
 from hybridflow.workers.placement import actor_rollout_ref_roles
@@ -273,7 +274,9 @@ def build_trainer(config: PPOConfig) -> PPOTrainer:
     )
     needs_ref = PPOTrainer.needs_reference(config)
     workers = build_workers(config, total_steps, needs_ref)
-    trainer = PPOTrainer(
+    # async_training.mode: the same phases, fed by a rollouter thread (trainer/asynchronous/)
+    trainer_cls = PPOTrainer if config.async_training.mode == "sync" else AsyncPPOTrainer
+    trainer = trainer_cls(
         config, tokenizer, workers, reward_fn, val_reward_fn, train_loader, val_loader, tracking, run_dir, total_steps
     )
     trainer.services += [judge] if judge is not None else []

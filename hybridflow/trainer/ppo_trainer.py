@@ -112,6 +112,7 @@ class PPOTrainer:
         self.total_training_steps = total_training_steps
         self.global_steps = 0
         self.services: list[Any] = []  # child processes of this run (a served judge), closed with it
+        self.resumed_state: dict[str, Any] = {}  # the controller state of the checkpoint resumed from
 
         algo, arr = config.algorithm, config.actor_rollout_ref
         self.spec = get_estimator_spec(algo.adv_estimator)
@@ -152,17 +153,10 @@ class PPOTrainer:
     # ------------------------------------------------------------------------------ loop
     def fit(self) -> dict[str, float]:
         """Train until ``total_training_steps``; returns the last step's metrics."""
-        self.load_checkpoint()
+        early = self.begin_fit()
+        if early is not None:
+            return early
         trainer_cfg = self.config.trainer
-        if trainer_cfg.val_only:  # verl's evaluation-only run: validate the (resumed) policy, train nothing
-            metrics = self.validate()
-            self.tracking.log(metrics, step=self.global_steps)
-            return metrics
-        if self.global_steps >= self.total_training_steps:
-            print(f"training already finished: step {self.global_steps} of {self.total_training_steps}; nothing to do")
-            return {}
-        if trainer_cfg.val_before_train and self.global_steps == 0 and self.val_loader is not None:
-            self.tracking.log(self.validate(), step=0)
         last: dict[str, float] = {}
         progress = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="training", unit="step")
         batches = self._train_batches()
@@ -183,6 +177,22 @@ class PPOTrainer:
         progress.close()
         return last
 
+    def begin_fit(self) -> dict[str, float] | None:
+        """Resume, then: validate only (``val_only``), stop (already finished), or validate
+        before the first step. Returns the run's result when there is nothing to train."""
+        self.load_checkpoint()
+        trainer_cfg = self.config.trainer
+        if trainer_cfg.val_only:  # verl's evaluation-only run: validate the (resumed) policy, train nothing
+            metrics = self.validate()
+            self.tracking.log(metrics, step=self.global_steps)
+            return metrics
+        if self.global_steps >= self.total_training_steps:
+            print(f"training already finished: step {self.global_steps} of {self.total_training_steps}; nothing to do")
+            return {}
+        if trainer_cfg.val_before_train and self.global_steps == 0 and self.val_loader is not None:
+            self.tracking.log(self.validate(), step=0)
+        return None
+
     def _train_batches(self):
         """Batches across epochs, continuing from the loader's (possibly restored) position."""
         while True:
@@ -200,33 +210,44 @@ class PPOTrainer:
             batch = self.generate_and_score(batch, timer, metrics)
             if self.config.algorithm.filter_groups.enable:
                 batch = self.keep_varied_groups(batch, more_batches, timer, metrics)
-            if self.config.trainer.balance_batch and self.dp_size > 1:
-                metrics |= balance_batch(batch, self.dp_size)  # similar token counts per DP rank
-            if self.compute_old_log_probs:
-                with timer.phase("old_log_prob"):
-                    metrics |= self.compute_old_log_prob(batch)
-            if self.correction == "bypass":
-                use_rollout_log_probs_as_old(batch)
-            elif self.correction == "decoupled":
-                metrics |= apply_decoupled_correction(batch, self.config.algorithm.rollout_correction)
-            if self.use_reference:
-                with timer.phase("ref"):
-                    batch = batch.union(self.workers.ref.compute_ref_log_prob(batch))
-            if self.use_critic:
-                with timer.phase("values"):
-                    batch = batch.union(self.workers.critic.compute_values(batch))
-            with timer.phase("adv"):
-                metrics |= self.compute_advantage(batch)
-                if self.config.algorithm.use_pf_ppo:
-                    batch = pf_ppo_resample(batch, self.config.algorithm.pf_ppo, self.config.trainer.seed, self.global_steps)
-            if self.use_critic:
-                with timer.phase("update_critic"):
-                    metrics |= self.update_critic(batch)
-            if self.global_steps > self.config.trainer.critic_warmup:
-                with timer.phase("update_actor"):
-                    metrics |= self.update_actor(batch)
+            batch = self.update_policy(batch, timer, metrics)
             with timer.phase("sync_weights"):
                 metrics |= self.workers.rollout.update_weights(version=self.global_steps)[0]
+        return self.step_metrics(batch, timer, metrics)
+
+    def update_policy(self, batch: DataProto, timer: Timer, metrics: dict[str, float]) -> DataProto:
+        """Phases 3–7 on a generated, scored batch: old log-probs (or the rollout's, in bypass
+        mode), reference, values, advantages, critic and actor updates. Returns the batch with
+        what the phases added."""
+        if self.config.trainer.balance_batch and self.dp_size > 1:
+            metrics |= balance_batch(batch, self.dp_size)  # similar token counts per DP rank
+        if self.compute_old_log_probs:
+            with timer.phase("old_log_prob"):
+                metrics |= self.compute_old_log_prob(batch)
+        if self.correction == "bypass":
+            use_rollout_log_probs_as_old(batch)
+        elif self.correction == "decoupled":
+            metrics |= apply_decoupled_correction(batch, self.config.algorithm.rollout_correction)
+        if self.use_reference:
+            with timer.phase("ref"):
+                batch = batch.union(self.workers.ref.compute_ref_log_prob(batch))
+        if self.use_critic:
+            with timer.phase("values"):
+                batch = batch.union(self.workers.critic.compute_values(batch))
+        with timer.phase("adv"):
+            metrics |= self.compute_advantage(batch)
+            if self.config.algorithm.use_pf_ppo:
+                batch = pf_ppo_resample(batch, self.config.algorithm.pf_ppo, self.config.trainer.seed, self.global_steps)
+        if self.use_critic:
+            with timer.phase("update_critic"):
+                metrics |= self.update_critic(batch)
+        if self.global_steps > self.config.trainer.critic_warmup:
+            with timer.phase("update_actor"):
+                metrics |= self.update_actor(batch)
+        return batch
+
+    def step_metrics(self, batch: DataProto, timer: Timer, metrics: dict[str, float]) -> dict[str, float]:
+        """The step's metrics: data, timing, throughput (and the rollout dump when asked)."""
         if self.config.trainer.rollout_data_dir:
             dump_rollouts(self.config.trainer.rollout_data_dir, self.global_steps, self.tokenizer, batch)
         metrics |= compute_data_metrics(batch, self.use_critic)
@@ -237,12 +258,14 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------------------ phases
     def generate_and_score(
-        self, batch: DataProto, timer: Timer, metrics: dict[str, float], gen_batch: int = 0
+        self, batch: DataProto, timer: Timer, metrics: dict[str, float], gen_batch: int = 0, step: int | None = None
     ) -> DataProto:
-        """Phases 0–2 on one prompt batch (``gen_batch``: its number within the step)."""
-        batch = self.prepare(batch, self.config.actor_rollout_ref.rollout.n, gen_batch)
+        """Phases 0–2 on one prompt batch (``gen_batch``: its number within the step; ``step``:
+        the step whose uids and sampling seed it gets, default the current one — an asynchronous
+        rollouter generates for steps ahead of the trainer)."""
+        batch = self.prepare(batch, self.config.actor_rollout_ref.rollout.n, gen_batch, step)
         with timer.phase("gen"):
-            batch = self.generate(batch, gen_batch=gen_batch)
+            batch = self.generate(batch, gen_batch=gen_batch, step=step)
         for name, value in batch.meta_info.pop(ROLLOUT_METRICS, {}).items():  # agent loops: num_turns/*, ...
             metrics[name] = value
         if self.baseline_phase is not None:
@@ -253,16 +276,18 @@ class PPOTrainer:
                 metrics[name] = metrics.get(name, 0.0) + value
         return batch
 
-    def prepare(self, batch: DataProto, n: int, gen_batch: int = 0) -> DataProto:
+    def prepare(self, batch: DataProto, n: int, gen_batch: int = 0, step: int | None = None) -> DataProto:
         """0: a group id per prompt (deterministic: step, generation batch and row), then n
         interleaved copies."""
-        prefix = f"{self.global_steps}" if gen_batch == 0 else f"{self.global_steps}.{gen_batch}"
+        step = self.global_steps if step is None else step
+        prefix = f"{step}" if gen_batch == 0 else f"{step}.{gen_batch}"
         uids = np.array([f"{prefix}-{i}" for i in range(len(batch))], dtype=object)
         batch.non_tensor_batch[F.UID] = uids
         return batch.repeat(repeat_times=n, interleave=True)
 
     def generate(
-        self, batch: DataProto, validate: bool = False, gen_batch: int = 0, progress_desc: str | None = None
+        self, batch: DataProto, validate: bool = False, gen_batch: int = 0, progress_desc: str | None = None,
+        step: int | None = None,
     ) -> DataProto:
         """1: sample one response per row; the step number (and generation batch) seeds the
         sampler (resumable). ``progress_desc``: the rollout shows a progress bar with this title."""
@@ -270,7 +295,7 @@ class PPOTrainer:
         # The rows' columns travel too (an agent loop reads raw_prompt, agent_name, tools_kwargs, ...);
         # the rollout returns them unchanged, so the union below finds them equal.
         prompts.non_tensor_batch.update(batch.non_tensor_batch)
-        prompts.meta_info.update(self._sampling_meta(validate, gen_batch))
+        prompts.meta_info.update(self._sampling_meta(validate, gen_batch, step))
         if progress_desc:
             prompts.meta_info["progress_desc"] = progress_desc
         output = self.workers.rollout.generate_sequences(prompts)
@@ -316,11 +341,12 @@ class PPOTrainer:
         parts = [DataProto(batch=p.batch, non_tensor_batch=p.non_tensor_batch, meta_info=parts[0].meta_info) for p in parts]
         return DataProto.concat(parts).select_idxs(np.arange(want * n))
 
-    def _sampling_meta(self, validate: bool, gen_batch: int = 0) -> dict[str, Any]:
+    def _sampling_meta(self, validate: bool, gen_batch: int = 0, step: int | None = None) -> dict[str, Any]:
         rollout = self.config.actor_rollout_ref.rollout
-        seed = self.config.trainer.seed * 1_000_003 + self.global_steps * 2 + int(validate)
-        if gen_batch:  # further DAPO generation batches of this step: seeds no other batch uses
-            seed = int(np.random.SeedSequence([self.config.trainer.seed, self.global_steps, gen_batch]).generate_state(1)[0])
+        step = self.global_steps if step is None else step
+        seed = self.config.trainer.seed * 1_000_003 + step * 2 + int(validate)
+        if gen_batch:  # further DAPO generation batches of this step (or chunks of an async step): own seeds
+            seed = int(np.random.SeedSequence([self.config.trainer.seed, step, gen_batch]).generate_state(1)[0])
         meta: dict[str, Any] = {
             "eos_token_id": self.tokenizer.eos_token_id,
             "pad_token_id": self.tokenizer.pad_token_id,
@@ -486,12 +512,15 @@ class PPOTrainer:
         self.workers.actor.save_checkpoint(str(paths.actor))
         if self.use_critic:
             self.workers.critic.save_checkpoint(str(paths.critic))
-        state = {"global_steps": self.global_steps, "dataloader": self.train_loader.state_dict(),
-                 "kl_ctrl": self.kl_ctrl.state_dict(), "rng": ckpt.rng_state()}  # plain JSON values
-        ckpt.save_controller_state(paths.controller_state, state)
+        ckpt.save_controller_state(paths.controller_state, self.controller_state())
         ckpt.commit_checkpoint(paths, self.global_steps, trainer_cfg.max_actor_ckpt_to_keep,
                                trainer_cfg.max_critic_ckpt_to_keep if self.use_critic else None)
         return paths.root
+
+    def controller_state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the controller (plain JSON values)."""
+        return {"global_steps": self.global_steps, "dataloader": self.train_loader.state_dict(),
+                "kl_ctrl": self.kl_ctrl.state_dict(), "rng": ckpt.rng_state()}
 
     def close(self) -> None:
         """Flush the loggers and stop the worker processes (Ray actors, reward scorers) of this run.
@@ -533,6 +562,7 @@ class PPOTrainer:
             ckpt.restore_entry(path, state, "kl_ctrl", self.kl_ctrl.load_state_dict)
             ckpt.restore_entry(path, state, "rng", ckpt.set_rng_state)
             self.global_steps = state["global_steps"]
+            self.resumed_state = state
             self.workers.rollout.update_weights(version=self.global_steps)  # the resumed weights, stamped
             print(f"resumed from {path} at step {self.global_steps}")
         self.tracking.rewind(self.global_steps + 1 if path is not None else 0)

@@ -19,6 +19,9 @@ from hybridflow.config.sources import parse_override
         ("a.b=True", ("a.b", True)),
         ("a.b=false", ("a.b", False)),
         ("a.b=null", ("a.b", None)),
+        ("a.b=off", ("a.b", "off")),  # only true/false are booleans (YAML 1.2, OmegaConf), not off/on/yes/no
+        ("a.b=yes", ("a.b", "yes")),
+        ("a.b=[on, No]", ("a.b", ["on", "No"])),
         ("a.b=text", ("a.b", "text")),
         ("a.b='quoted text'", ("a.b", "quoted text")),
         ("a.b=", ("a.b", "")),

@@ -56,7 +56,7 @@ def test_section_given_a_scalar():
         (f"{ARR}.rollout.n=true", f"{ARR}.rollout.n: expected int, got bool True"),
         (f"{ARR}.actor.use_kl_loss=yes please", f"{ARR}.actor.use_kl_loss: expected bool, got str 'yes please'"),
         (f"{ARR}.actor.optim.lr=[1]", f"{ARR}.actor.optim.lr: expected float, got list [1]"),
-        ("trainer.experiment_name=off", "trainer.experiment_name: expected str, got bool False (quote it if you meant the text)"),
+        ("trainer.experiment_name=false", "trainer.experiment_name: expected str, got bool False (quote it if you meant the text)"),
         ("trainer.seed=null", "trainer.seed: expected int, got null"),
         ("trainer.logger=[console,1.5,{a: 1}]", "trainer.logger: item [2]: expected str, got map {'a': 1}"),
         ("data.apply_chat_template_kwargs=3", "data.apply_chat_template_kwargs: expected map, got int 3"),

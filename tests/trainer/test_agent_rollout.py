@@ -235,7 +235,9 @@ def test_tool_tokens_are_masked_and_carry_no_loss(model, tokenizer, calculator_y
         torch.testing.assert_close(g0[name], g1[name], rtol=0, atol=0, msg=name)
 
 
-def test_grpo_run_with_tool_agent_trains_and_validates(tiny_task_dir, tiny_model_dir, tmp_path, calculator_yaml, monkeypatch):
+@pytest.mark.parametrize("mode", ["sync", "one_step_off"])
+def test_grpo_run_with_tool_agent_trains_and_validates(tiny_task_dir, tiny_model_dir, tmp_path, calculator_yaml, monkeypatch,
+                                                      mode):
     from hybridflow.config import load_config
     from hybridflow.trainer.main_ppo import build_trainer
     from hybridflow.trainer.ppo_trainer import PPOTrainer
@@ -271,6 +273,7 @@ def test_grpo_run_with_tool_agent_trains_and_validates(tiny_task_dir, tiny_model
         "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
         "data.apply_chat_template_kwargs.enable_thinking=false",
+        f"async_training.mode={mode}",  # one_step_off: the loops run on the rollouter thread
     ))
     trainer = build_trainer(cfg)
     try:

@@ -20,7 +20,8 @@ weights go to it bucket by bucket through its ``update_weights``.
 The trainer calls :meth:`RolloutWorker.update_weights` after every actor update with the
 global step, which every backend stamps as the rollout's ``weight_version``. The weights are
 also pulled before generating whenever the actor engine's ``weights_version`` moved since the
-last sync (a resumed checkpoint, the first step).
+last sync (a resumed checkpoint, the first step) — unless asynchronous training switched that
+off (:meth:`RolloutWorker.set_pull_before_generating`).
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class RolloutWorker(Worker):
         self._synced_engine_version = -1  # the source engine's weights_version at the last sync
         self.weight_version = 0  # the version the rollout serves (the global step of its weights)
         self.last_sync: dict[str, float] = {}
+        self.pull_before_generating = True
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -172,7 +174,8 @@ class RolloutWorker(Worker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Responses for this rank's prompts (fields: see :mod:`hybridflow.workers.rollout.base`)."""
-        self._pull_weights_if_stale(self.weight_version)
+        if self.pull_before_generating:
+            self._pull_weights_if_stale(self.weight_version)
         out = self.rollout.generate_sequences(prompts.to(self.device))
         if self.config.rollout.free_cache_engine:
             # The packed weights go stale at the next update anyway; holding them (a full copy
@@ -225,6 +228,13 @@ class RolloutWorker(Worker):
         self.weight_version = version
         self.last_sync = {**report.metrics(), "timing_s/weight_sync_transfer": report.seconds}
         return self.last_sync
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def set_pull_before_generating(self, enabled: bool) -> None:
+        """Whether :meth:`generate_sequences` first pulls weights that changed since the last
+        sync (on by default). Asynchronous training turns it off: its rollout must keep the
+        version it was synced to while the actor trains ahead."""
+        self.pull_before_generating = bool(enabled)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def release(self) -> None:
