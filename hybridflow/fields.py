@@ -48,6 +48,10 @@ DATA_SOURCE = "data_source"
 REWARD_MODEL = "reward_model"
 EXTRA_INFO = "extra_info"
 RAW_PROMPT = "raw_prompt"
+# Per response (agent loops): the weight versions of its first and last generated tokens; they
+# differ only when a partial rollout was resumed across a weight update (int64, -1 = no token).
+WEIGHT_VERSION_MIN = "weight_version_min"
+WEIGHT_VERSION_MAX = "weight_version_max"
 
 FIELDS: dict[str, Field] = {
     f.name: f

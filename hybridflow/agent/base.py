@@ -83,6 +83,28 @@ class AgentContext:
             raise ValueError(f"response_length must be >= 1, got {self.response_length}")
 
 
+class VersionRecorder:
+    """A trajectory's view of the client: every call goes through, and the weight versions
+    that produced its tokens are kept (the first token's, the last token's), so a trajectory
+    resumed across a weight update (partial rollout) reports both."""
+
+    def __init__(self, client: Any) -> None:
+        self.inner = client
+        self.min_version: int | None = None
+        self.max_version: int | None = None
+
+    async def generate(self, *args: Any, **kwargs: Any) -> Any:
+        out = await self.inner.generate(*args, **kwargs)
+        if out.token_ids:
+            first = out.weight_version if out.first_weight_version is None else out.first_weight_version
+            self.min_version = first if self.min_version is None else min(self.min_version, first)
+            self.max_version = out.weight_version if self.max_version is None else max(self.max_version, out.weight_version)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 class AgentLoopBase(ABC):
     """One trajectory's program. Subclasses take ``(context, **their own keyword arguments)``.
 
@@ -93,7 +115,7 @@ class AgentLoopBase(ABC):
 
     def __init__(self, context: AgentContext) -> None:
         self.context = context
-        self.client = context.client
+        self.client = VersionRecorder(context.client)
         self.tokenizer = context.tokenizer
         self.response_length = context.response_length
         self.request_id = uuid.uuid4().hex

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
+
 from hybridflow import fields as F
 from hybridflow.agent.base import AgentContext, AgentLoopSpec
 from hybridflow.agent.collate import collate_trajectories
@@ -57,16 +59,25 @@ async def run_agent_loops(
     names = [str(row.get(AGENT_NAME) or default_agent_loop) for row in rows]
     for name in sorted(set(names)):
         table.get(name)  # ValueError listing the valid names
-    runs = [
-        table.get(name).build(context).run(sampling.for_request(i), **row)  # each row its own random stream
-        for i, (name, row) in enumerate(zip(names, rows, strict=True))
-    ]
-    outputs = await asyncio.gather(*runs)
+    loops = [table.get(name).build(context) for name in names]
+    runs = [loop.run(sampling.for_request(i), **row) for i, (loop, row) in enumerate(zip(loops, rows, strict=True))]
+    outputs = await asyncio.gather(*runs)  # each row its own random stream (above)
     return collate_trajectories(
         outputs,
         prompt_length=prompt_length,
         response_length=context.response_length,
         pad_token_id=pad_token_id,
-        non_tensors=dict(prompts.non_tensor_batch),
+        non_tensors={**prompts.non_tensor_batch, **weight_version_columns(loops)},
         meta_info=prompts.meta_info,
     )
+
+
+def weight_version_columns(loops: list[Any]) -> dict[str, np.ndarray]:
+    """Per trajectory, the weight versions of its first and last generated tokens
+    (``fields.WEIGHT_VERSION_MIN`` / ``_MAX``; -1 when it generated nothing)."""
+    low = [loop.client.min_version for loop in loops]
+    high = [loop.client.max_version for loop in loops]
+    return {
+        F.WEIGHT_VERSION_MIN: np.array([-1 if v is None else v for v in low], dtype=np.int64),
+        F.WEIGHT_VERSION_MAX: np.array([-1 if v is None else v for v in high], dtype=np.int64),
+    }

@@ -316,8 +316,8 @@ class AsyncTrainingConfig:
         "one_step_off takes data.train_batch_size", ge=1,
     )
     partial_rollout: bool = setting(
-        False, "abort in-flight generations at a sync and resume them on the new weights (not implemented yet: "
-        "true is refused; in-flight generations finish on the old weights first)",
+        False, "fully_async: at a sync, abort the chunk in flight, swap the weights and resume its requests "
+        "(each response records the versions of its first and last tokens); false: the chunk finishes first",
     )
     use_rollout_log_probs: bool = setting(
         True, "bypass mode: π_old := π_rollout (the sampler's own log-probs), unless algorithm.rollout_correction "

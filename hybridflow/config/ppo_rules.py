@@ -451,9 +451,13 @@ def rule_async_training(cfg: PPOConfig) -> list[str]:
     if backend == "shared":
         problems.append(f"{key}.mode={at.mode} generates while the actor trains: the rollout needs its own weights; "
                         f"set {_ARR}.rollout.checkpoint_engine.backend to inproc (or naive, http, disk)")
-    if at.partial_rollout:
-        problems.append(f"{key}.partial_rollout=true is not implemented yet: at a sync the rollouter's in-flight "
-                        "generation finishes on the old weights first; set it to false")
+    if at.partial_rollout and at.mode != "fully_async":
+        problems.append(f"{key}.partial_rollout=true is for mode=fully_async (one_step_off lets the batch in "
+                        "flight finish before each sync)")
+    rollout = cfg.actor_rollout_ref.rollout
+    if at.partial_rollout and (rollout.name not in ("torch", "agent_loop") or backend not in ("inproc", "disk")):
+        problems.append(f"{key}.partial_rollout=true aborts and resumes the built-in engine in this process: it "
+                        f"needs {_ARR}.rollout.name=torch and checkpoint_engine.backend inproc or disk")
     mini, batch = cfg.actor_rollout_ref.actor.ppo_mini_batch_size, cfg.data.train_batch_size
     if at.mode == "fully_async" and batch % mini:
         problems.append(f"{key}.mode=fully_async streams mini-batches: data.train_batch_size ({batch}) must be a "

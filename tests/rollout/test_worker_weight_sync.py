@@ -18,6 +18,8 @@ from hybridflow.workers.rollout.worker import RolloutWorker
 from hybridflow.workers.shared_policy import withdraw_policy
 from tests.serving import serve_in_thread
 
+TIMEOUT_S = 120
+
 
 
 def _config(tiny_model_dir, *overrides: str):
@@ -155,3 +157,39 @@ def test_config_errors_name_the_problem(tiny_model_dir, override, message, monke
 def test_verl_old_bucket_key_moves_to_the_checkpoint_engine(tiny_model_dir):
     config = _config(tiny_model_dir, "actor_rollout_ref.rollout.update_weights_bucket_megabytes=7")
     assert config.actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes == 7
+
+
+def test_partial_rollout_aborts_swaps_and_resumes_the_generation_in_flight(tiny_model_dir, encode, share_name):
+    """The sequence a fully-async sync runs: abort the chunk in flight, take the new weights
+    while its requests wait, resume them; each response records the versions of its first and
+    last tokens, and the resumed part was sampled from the new weights."""
+    import threading
+
+    config = _config(tiny_model_dir, "actor_rollout_ref.rollout.checkpoint_engine.backend=inproc",
+                     "actor_rollout_ref.rollout.response_length=400", "actor_rollout_ref.rollout.ignore_eos=false")
+    actor = ActorWorker(config.actor_rollout_ref, share_name=share_name)
+    actor.init_model()
+    rollout = RolloutWorker(config.actor_rollout_ref, share_name=share_name)
+    rollout.init_model()
+    rollout.update_weights(version=0)
+    rollout.set_pull_before_generating(False)
+    rollout.set_partial_rollout(True)
+    _train_once(actor, rollout.generate_sequences(_prompts(encode, seed=1)), seed=1)  # the actor moves on
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.setdefault("out", rollout.generate_sequences(_prompts(encode, 2))))
+    thread.start()
+    engine = None
+    while engine is None or engine.batcher.stats.tokens_generated < 16:
+        engine = rollout.rollout.live_engine
+        assert thread.is_alive(), "the generation finished before the test could abort it"
+    assert rollout.abort_generation() >= 1
+    metrics = rollout.update_weights(version=1)
+    rollout.resume_generation()
+    thread.join(TIMEOUT_S)
+    out = result["out"]
+    low, high = out.non_tensor_batch[F.WEIGHT_VERSION_MIN], out.non_tensor_batch[F.WEIGHT_VERSION_MAX]
+    assert metrics["weight_sync/version"] == 1 and set(low.tolist()) <= {0, -1}
+    assert (high == 1).any()  # some responses were resumed on the new weights
+    # every token's log-prob is the sampler's own: finite, ≤ 0, zero on padding
+    logp, mask = out.batch[F.ROLLOUT_LOG_PROBS], out.batch[F.RESPONSE_MASK]
+    assert torch.isfinite(logp).all() and (logp[mask.bool()] <= 0).all() and (logp[~mask.bool()] == 0).all()

@@ -87,6 +87,7 @@ class Rollouter(threading.Thread):
         queue: SampleQueue,
         start_chunk: int = 0,
         clock: Callable[[], float] = time.perf_counter,
+        hold_lock_while_generating: bool = True,
     ) -> None:
         super().__init__(name="hybridflow-rollouter", daemon=True)
         self.produce = produce
@@ -96,6 +97,9 @@ class Rollouter(threading.Thread):
         self.queue = queue
         self.next_chunk = start_chunk
         self.clock = clock
+        # True: a sync waits for the chunk in flight (drain). False (partial rollout): the lock
+        # covers only a chunk's start, and a sync aborts, swaps and resumes the chunk in flight.
+        self.hold_lock_while_generating = hold_lock_while_generating
         self.origins: dict[int, Origin] = {}  # chunk index → where its prompts start (untrained chunks)
         self.busy: list[tuple[float, float]] = []
 
@@ -116,12 +120,19 @@ class Rollouter(threading.Thread):
                     if self.gate.stopped:
                         return
                     self.origins[chunk] = self.prompts.origin()
-                    prompts = self.prompts.next()
-                    start = self.clock()
-                    item = self.produce(chunk, prompts, self.gate.version)
-                    self.busy.append((start, self.clock()))
+                    prompts, version = self.prompts.next(), self.gate.version
                     self.next_chunk = chunk + 1
+                    if self.hold_lock_while_generating:
+                        item = self._produce(chunk, prompts, version)
+                if not self.hold_lock_while_generating:
+                    item = self._produce(chunk, prompts, version)
                 if not self.queue.put(item):
                     return
         except BaseException as err:  # noqa: BLE001 - handed to the trainer, which re-raises it
             self.queue.fail(err)
+
+    def _produce(self, chunk: int, prompts: DataProto, version: int) -> ScoredChunk:
+        start = self.clock()
+        item = self.produce(chunk, prompts, version)
+        self.busy.append((start, self.clock()))
+        return item

@@ -22,6 +22,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from hybridflow import fields as F
 from hybridflow.protocol import DataProto
 from hybridflow.trainer.asynchronous.queue import SampleQueue, ScoredChunk
 from hybridflow.trainer.asynchronous.rollouter import PromptChunks, Rollouter
@@ -80,6 +81,7 @@ class AsyncPPOTrainer(PPOTrainer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.schedule = AsyncSchedule.from_config(self.config)
+        self.partial_rollout = self.config.async_training.partial_rollout
         self.gate = VersionGate()
         self.queue = SampleQueue(self.schedule.max_queued_chunks())
         self.rollouter: Rollouter | None = None
@@ -99,7 +101,18 @@ class AsyncPPOTrainer(PPOTrainer):
             batch = self.generate_and_score(prompts, timer, metrics, gen_batch=chunk % per_update,
                                             step=chunk // per_update + 1)
         metrics |= timer.metrics()
+        if self.partial_rollout:  # resumed across a sync: the oldest token decides its staleness
+            version, metrics["fully_async/partial_resumed_fraction"] = self.generated_version(batch, version)
         return ScoredChunk(chunk, len(prompts), version, batch, metrics, timer.timings["gen_chunk"])
+
+    def generated_version(self, batch: DataProto, started_at: int) -> tuple[int, float]:
+        """(the version, in syncs, of the chunk's oldest generated token; the fraction of its
+        responses that span two or more versions). The rollout stamps global steps; syncs
+        happen every ``sync_every`` steps."""
+        low, high = batch.non_tensor_batch[F.WEIGHT_VERSION_MIN], batch.non_tensor_batch[F.WEIGHT_VERSION_MAX]
+        stamped = [int(v) for v in low if int(v) >= 0]
+        version = min(stamped) // self.schedule.sync_every if stamped else started_at
+        return version, float(sum(int(a) != int(b) for a, b in zip(low, high, strict=True)) / max(len(low), 1))
 
     # ---- the loop --------------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
@@ -138,9 +151,11 @@ class AsyncPPOTrainer(PPOTrainer):
         # the rollout changes weights only at a sync (never on its own before generating).
         self.workers.rollout.update_weights(version=self.global_steps)
         self.workers.rollout.set_pull_before_generating(False)
+        self.workers.rollout.set_partial_rollout(self.partial_rollout)
         self.gate.version = self.global_steps // self.schedule.sync_every
         self.rollouter = Rollouter(self.produce_chunk, PromptChunks(self.train_loader, self.schedule.chunk_prompts, start),
-                                   self.schedule, self.gate, self.queue, start_chunk=first)
+                                   self.schedule, self.gate, self.queue, start_chunk=first,
+                                   hold_lock_while_generating=not self.partial_rollout)
         self.started_at = time.perf_counter()
         self.rollouter.start()
 
@@ -162,8 +177,7 @@ class AsyncPPOTrainer(PPOTrainer):
             batch = self.update_policy(batch, timer, metrics)
             if self.global_steps % self.schedule.sync_every == 0:
                 with timer.phase("sync_weights"), self.gate.generation:
-                    metrics |= self.workers.rollout.update_weights(version=self.global_steps)[0]
-                    self.gate.advance()
+                    metrics |= self.sync_weights()
             self.train_busy.append((busy_from, time.perf_counter()))
         self.dropped_total += dropped
         metrics |= staleness_metrics(staleness, dropped, self.dropped_total)
@@ -171,6 +185,21 @@ class AsyncPPOTrainer(PPOTrainer):
         metrics["fully_async/queue_size"] = float(len(self.queue))
         metrics["fully_async/weight_version"] = float(self.gate.version)
         return self.step_metrics(batch, timer, metrics)
+
+    def sync_weights(self) -> dict[str, float]:
+        """The rollout takes the actor's weights; the version advances. Drain: the chunk in
+        flight has finished (the rollouter held the lock). Partial rollout: its requests are
+        aborted (they keep their tokens and wait), the weights swapped, the requests resumed."""
+        metrics = {}
+        if self.partial_rollout:
+            metrics["fully_async/aborted_requests"] = float(self.workers.rollout.abort_generation()[0])
+        try:
+            metrics |= self.workers.rollout.update_weights(version=self.global_steps)[0]
+        finally:
+            if self.partial_rollout:
+                self.workers.rollout.resume_generation()
+        self.gate.advance()
+        return metrics
 
     def take_chunks(self) -> tuple[list[ScoredChunk], list[int], int]:
         """The next update's chunks, in order. A chunk over the staleness bound is dropped and

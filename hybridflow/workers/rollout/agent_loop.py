@@ -20,6 +20,9 @@ Output: verl's fields as collated by :func:`hybridflow.agent.collate.collate_tra
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
@@ -30,7 +33,8 @@ from hybridflow.agent.base import AgentContext, agent_loop_table
 from hybridflow.agent.runner import AGENT_NAME, run_agent_loops
 from hybridflow.config.actor_rollout_ref import RolloutConfig
 from hybridflow.inference.client import InProcessClient
-from hybridflow.inference.engine import GenerationEngine
+from hybridflow.inference.engine import GenerationEngine, ShuttingDown
+from hybridflow.inference.partial_rollout import PartialRolloutClient
 from hybridflow.inference.protocol import SamplingParams as ClientSampling
 from hybridflow.inference.sampling import SamplingParams as BatcherSampling
 from hybridflow.protocol import DataProto
@@ -148,10 +152,17 @@ class AgentLoopRollout(TorchRollout):
         self.engine_decoder = decoder
         self.engine_dtype = _compute_dtype(dtype)
         self.enabled = bool(config.multi_turn.enable)
+        # Partial rollout (asynchronous training): the engine of the call in flight can be
+        # aborted, given new weights while paused, and resumed; the loops resubmit what was cut.
+        self.partial_rollout = False
+        self.weight_version = 0
+        self.swap_lock = threading.RLock()  # engine creation vs. a weight swap and its version
+        self.live_engine: GenerationEngine | None = None
 
     def uses_agent_loop(self, prompts: DataProto) -> bool:
-        """True when this batch goes through the agent loops."""
-        return self.enabled or AGENT_NAME in prompts.non_tensor_batch
+        """True when this batch goes through the agent loops (always with partial rollout:
+        only the engine behind them can be aborted and resumed)."""
+        return self.partial_rollout or self.enabled or AGENT_NAME in prompts.non_tensor_batch
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         if not self.uses_agent_loop(prompts):
@@ -162,16 +173,60 @@ class AgentLoopRollout(TorchRollout):
         width = prompts.batch["input_ids"].shape[1] if prompts.batch is not None else 0
         self._check_lengths(width, params.max_new_tokens)
         seed = batch_seed(meta, self.generator)
-        engine = GenerationEngine(
-            self.model, pad, decoder=self.engine_decoder, dtype=self.engine_dtype,
-            max_rows=max(1, len(prompts)), seed=seed,
-        )
         stops = () if params.ignore_eos else params.stop_token_ids
-        engine.start()
+        with self.swap_lock:
+            engine = GenerationEngine(
+                self.model, pad, decoder=self.engine_decoder, dtype=self.engine_dtype,
+                max_rows=max(1, len(prompts)), seed=seed,
+            )
+            engine.weight_version = self.weight_version
+            engine.start()
+            self.live_engine = engine
+        client = InProcessClient(engine, stop_token_ids=stops)
         try:
             return self.loops.run(
-                prompts, InProcessClient(engine, stop_token_ids=stops), params,
+                prompts, PartialRolloutClient(client) if self.partial_rollout else client, params,
                 seed=seed, pad=pad, prompt_length=self.config.prompt_length or width,
             )
         finally:
+            with self.swap_lock:
+                self.live_engine = None
             engine.shutdown()
+
+    def abort_generation(self) -> int:
+        """Abort the requests of the call in flight (they hand back their tokens and are
+        resubmitted, held until :meth:`resume_generation`); the number aborted, 0 if none."""
+        with self.swap_lock:
+            engine = self.live_engine
+            return _wait(engine.abort_all(), engine) if engine is not None else 0
+
+    def resume_generation(self) -> None:
+        with self.swap_lock:
+            if self.live_engine is not None:
+                _wait(self.live_engine.resume_generation(), self.live_engine)
+
+    def weights_changed(self) -> None:
+        super().weights_changed()
+        with self.swap_lock:
+            if self.live_engine is not None:
+                self.live_engine.decoder.invalidate_weights()
+
+    def set_weight_version(self, version: int) -> None:
+        """The version of the module's weights now (the live engine stamps it on new tokens)."""
+        with self.swap_lock:
+            self.weight_version = int(version)
+            if self.live_engine is not None:
+                self.live_engine.weight_version = int(version)
+
+
+def _wait(future: Any, engine: GenerationEngine, timeout_s: float = 600.0) -> Any:
+    """The engine control's result; None if the engine stopped first (its call had finished)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return future.result(timeout=0.05)
+        except FutureTimeout:
+            if not engine.alive or time.monotonic() > deadline:
+                return 0
+        except ShuttingDown:
+            return 0

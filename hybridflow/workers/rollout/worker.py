@@ -26,6 +26,7 @@ off (:meth:`RolloutWorker.set_pull_before_generating`).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from typing import Any
 
@@ -224,7 +225,13 @@ class RolloutWorker(Worker):
         return True
 
     def _sync_now(self, pairs: NamedTensors, version: int) -> dict[str, float]:
-        report = self._sync.sync(pairs, version)
+        # A rollout that generates on a live engine (partial rollout) must not start one between
+        # the swap and the version stamp: both happen under its swap lock.
+        with getattr(self.rollout, "swap_lock", contextlib.nullcontext()):
+            report = self._sync.sync(pairs, version)
+            set_version = getattr(self.rollout, "set_weight_version", None)
+            if set_version is not None:
+                set_version(version)
         self.weight_version = version
         self.last_sync = {**report.metrics(), "timing_s/weight_sync_transfer": report.seconds}
         return self.last_sync
@@ -235,6 +242,27 @@ class RolloutWorker(Worker):
         sync (on by default). Asynchronous training turns it off: its rollout must keep the
         version it was synced to while the actor trains ahead."""
         self.pull_before_generating = bool(enabled)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def set_partial_rollout(self, enabled: bool) -> None:
+        """Partial rollout (asynchronous training): generation runs through the agent loops on
+        an engine that :meth:`abort_generation` can interrupt and :meth:`resume_generation`
+        continue, the weights swapped in between."""
+        if enabled and not hasattr(self.rollout, "abort_generation"):
+            raise ValueError(f"partial rollout needs the built-in engine's agent-loop rollout, not "
+                             f"{type(self.rollout).__name__}")
+        self.rollout.partial_rollout = bool(enabled)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def abort_generation(self) -> int:
+        """Abort the generation in flight (partial rollout): its requests hand back their tokens
+        and wait, resubmitted, for :meth:`resume_generation`. Returns how many were aborted."""
+        return self.rollout.abort_generation() if hasattr(self.rollout, "abort_generation") else 0
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def resume_generation(self) -> None:
+        if hasattr(self.rollout, "resume_generation"):
+            self.rollout.resume_generation()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def release(self) -> None:

@@ -89,11 +89,22 @@ def test_a_resumed_one_step_off_run_trains_no_prompt_twice(tiny_task_dir, tmp_pa
     assert all(r["fully_async/staleness/max"] <= 1 for r in cut)
 
 
+def test_fully_async_with_partial_rollout_trains_within_the_bound(tiny_task_dir, tmp_path, tiny_model_dir):
+    rows = _train(tiny_task_dir, tmp_path / "run", tiny_model_dir, "async_training.mode=fully_async",
+                  "async_training.partial_rollout=true", "async_training.staleness_threshold=1",
+                  "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+                  "async_training.require_batches=2", "data.max_response_length=48", "trainer.total_training_steps=5")
+    steps = [r for r in rows if "fully_async/staleness/max" in r]
+    assert len(steps) == 5 and all(r["fully_async/staleness/max"] <= 1 for r in steps)
+    assert all("fully_async/aborted_requests" in r and "fully_async/partial_resumed_fraction" in r for r in steps)
+    assert all(r["fully_async/dropped_samples_total"] == 0 for r in steps)
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
         ("async_training.mode=sometimes", "unknown"),
-        ("async_training.partial_rollout=true", "not implemented"),
+        ("async_training.partial_rollout=true", "for mode=fully_async"),
         ("actor_rollout_ref.rollout.checkpoint_engine.backend=shared", "own weights"),
         ("trainer.backend=ray", "trainer.backend=local"),
     ],
