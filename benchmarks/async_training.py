@@ -9,7 +9,8 @@ Runs ``hybridflow train`` (the main job: GRPO on the arithmetic task, SmolLM2-13
 * one_step_off — ``async_training.mode=one_step_off``: batch k+1 is generated with θ_k while
   θ_k+1 is computed from batch k (bypass correction, a rollout copy synced each step);
 * fully_async — ``async_training.mode=fully_async`` with chunks of 2 prompts, 2 chunks per
-  update, a sync every 2 updates and staleness ≤ 2.
+  update, a sync every 2 updates and staleness ≤ 2;
+* fully_async_partial (only with ``--modes``) — the same with ``partial_rollout=true``.
 
 For each it reports held-out greedy accuracy (before, every 8 steps), the wall time, the
 median step, and for the async runs the measured overlap (time both the rollouter and the
@@ -41,6 +42,9 @@ MODES: dict[str, list[str]] = {
                     "async_training.trigger_parameter_sync_step=2", "async_training.require_batches=2",
                     "actor_rollout_ref.actor.ppo_mini_batch_size=2"],
 }
+# Not run by default: fully_async whose syncs abort the chunk in flight and resume it (--modes ...).
+MODES["fully_async_partial"] = [*MODES["fully_async"], "async_training.partial_rollout=true"]
+DEFAULT_MODES = ("sync", "one_step_off", "fully_async")
 
 
 def summarize(rows: list[dict], wall: float) -> dict:
@@ -69,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--model", default=None, help="model folder or name (default: the main job's)")
     parser.add_argument("--work-dir", default="async_bench")
     parser.add_argument("--out", default=None)
