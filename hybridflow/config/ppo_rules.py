@@ -465,9 +465,9 @@ def rule_async_training(cfg: PPOConfig) -> list[str]:
     if cfg.algorithm.filter_groups.enable:
         problems.append(f"{key}.mode={at.mode} does not combine with DAPO dynamic sampling "
                         "(algorithm.filter_groups.enable): it draws further batches inside a step")
-    if cfg.trainer.backend != "local":
-        problems.append(f"{key}.mode={at.mode} runs the rollouter as a thread of the controller and needs "
-                        "trainer.backend=local (Ray worker groups with separate pools are not done yet)")
+    if cfg.trainer.backend == "ray" and at.partial_rollout:
+        problems.append(f"{key}.partial_rollout=true interrupts an engine in the controller's process; with "
+                        "trainer.backend=ray the rollout has processes of its own: set it to false")
     return problems
 
 

@@ -204,7 +204,8 @@ def build_reward_fns(config: PPOConfig, tokenizer, judge_address: str | None = N
 
 def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> WorkerGroups:
     """Actor + rollout (+ reference) colocated per rank; the critic with them (default) or in
-    its own processes (``trainer.critic_placement=separate``)."""
+    its own processes (``trainer.critic_placement=separate``); the rollout in its own processes
+    for asynchronous training on Ray."""
     trainer = config.trainer
     device = resolve_device(trainer.device)
     # use_gpu: on Ray each rank gets its own GPU (CUDA_VISIBLE_DEVICES); the local backend ignores it
@@ -214,9 +215,14 @@ def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> W
 
         init_ray(trainer.ray_address)
     arr = config.actor_rollout_ref
-    rollout = ClassWithInitArgs(RolloutWorker, arr, device=device, seed=trainer.seed)
+    # Asynchronous training on Ray: the rollout gets processes of its own (a second pool), so it
+    # generates while the actor trains; weights reach it through the controller at each sync.
+    separate_rollout = config.async_training.mode != "sync" and trainer.backend == "ray"
+    rollout = ClassWithInitArgs(RolloutWorker, arr, device=device, seed=trainer.seed,
+                                **({"share_name": None} if separate_rollout else {}))
     roles_spec = actor_rollout_ref_roles(
-        arr, rollout=rollout, with_ref=use_reference, total_training_steps=total_steps, device=device, seed=trainer.seed
+        arr, rollout=None if separate_rollout else rollout, with_ref=use_reference, total_training_steps=total_steps,
+        device=device, seed=trainer.seed,
     )
     critic_spec = ClassWithInitArgs(
         CriticWorker, config.critic, rollout_n=arr.rollout.n, total_training_steps=total_steps,
@@ -232,6 +238,12 @@ def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> W
         if role in roles:
             roles[role].init_model()
     owners, critic = [group], roles.get("critic")
+    rollout_group = roles.get("rollout")
+    if separate_rollout:
+        rollout_pool = ResourcePool([trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=device == "cuda")
+        rollout_group = create_worker_group(trainer.backend, rollout_pool, rollout)
+        rollout_group.init_model()
+        owners.append(rollout_group)
     rm = build_reward_model_workers(config, device) if config.reward_model.enable and not serves_judge(config) else None
     if rm is not None:
         owners.append(rm)
@@ -241,7 +253,7 @@ def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> W
         critic.init_model()
         owners.append(critic)
     return WorkerGroups(
-        actor=roles["actor"], rollout=roles["rollout"], ref=roles.get("ref"), critic=critic, rm=rm, owners=owners
+        actor=roles["actor"], rollout=rollout_group, ref=roles.get("ref"), critic=critic, rm=rm, owners=owners
     )
 
 

@@ -194,6 +194,19 @@ class ActorWorker(Worker):
         engine.lr_scheduler_step()
         return DataProto(meta_info={"metrics": mean_over_steps(per_step)})
 
+    # --- weights for a rollout in other processes ------------------------------------------
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_sync_weights(self) -> dict[str, torch.Tensor] | None:
+        """The policy's full weights (``iter_sync_weights``: LoRA merged, tied once) as CPU
+        copies, on rank 0; None on the others. Every rank runs it: a sharded engine gathers
+        collectively. For a rollout placed in its own processes (asynchronous training)."""
+        pairs = ((name, tensor.detach().to("cpu", copy=True)) for name, tensor in self.engine.iter_sync_weights())
+        if self.rank == 0:
+            return dict(pairs)
+        for _ in pairs:  # take part in the gather
+            pass
+        return None
+
     # --- checkpoints ------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 from hybridflow import fields as F
@@ -82,6 +83,8 @@ class AsyncPPOTrainer(PPOTrainer):
         super().__init__(*args, **kwargs)
         self.schedule = AsyncSchedule.from_config(self.config)
         self.partial_rollout = self.config.async_training.partial_rollout
+        # On Ray the rollout has processes of its own: weights travel through the controller.
+        self.remote_rollout = self.config.trainer.backend == "ray"
         self.gate = VersionGate()
         self.queue = SampleQueue(self.schedule.max_queued_chunks())
         self.rollouter: Rollouter | None = None
@@ -103,6 +106,10 @@ class AsyncPPOTrainer(PPOTrainer):
         metrics |= timer.metrics()
         if self.partial_rollout:  # resumed across a sync: the oldest token decides its staleness
             version, metrics["fully_async/partial_resumed_fraction"] = self.generated_version(batch, version)
+        else:  # the whole chunk came from one version: record it on every response
+            stamp = np.full(len(batch), int(batch.meta_info.get("weight_version", 0)), dtype=np.int64)
+            batch.non_tensor_batch.setdefault(F.WEIGHT_VERSION_MIN, stamp)
+            batch.non_tensor_batch.setdefault(F.WEIGHT_VERSION_MAX, stamp.copy())
         return ScoredChunk(chunk, len(prompts), version, batch, metrics, timer.timings["gen_chunk"])
 
     def generated_version(self, batch: DataProto, started_at: int) -> tuple[int, float]:
@@ -149,7 +156,7 @@ class AsyncPPOTrainer(PPOTrainer):
         start = (self.resumed_state["dataloader"], int(origin)) if origin is not None else None
         # Versions count syncs; a resumed run's rollout serves the resumed weights. From here on
         # the rollout changes weights only at a sync (never on its own before generating).
-        self.workers.rollout.update_weights(version=self.global_steps)
+        self.push_weights()
         self.workers.rollout.set_pull_before_generating(False)
         self.workers.rollout.set_partial_rollout(self.partial_rollout)
         self.gate.version = self.global_steps // self.schedule.sync_every
@@ -194,12 +201,21 @@ class AsyncPPOTrainer(PPOTrainer):
         if self.partial_rollout:
             metrics["fully_async/aborted_requests"] = float(self.workers.rollout.abort_generation()[0])
         try:
-            metrics |= self.workers.rollout.update_weights(version=self.global_steps)[0]
+            metrics |= self.push_weights()
         finally:
             if self.partial_rollout:
                 self.workers.rollout.resume_generation()
         self.gate.advance()
         return metrics
+
+    def push_weights(self) -> dict[str, float]:
+        """The actor's weights to the rollout, stamped with the step: pulled by a colocated
+        rollout, or (Ray, the rollout in its own processes) exported by the actor's rank 0 and
+        handed over by the controller."""
+        if not self.remote_rollout:
+            return self.workers.rollout.update_weights(version=self.global_steps)[0]
+        weights = self.workers.actor.export_sync_weights()[0]
+        return self.workers.rollout.update_weights(weights, version=self.global_steps)[0]
 
     def take_chunks(self) -> tuple[list[ScoredChunk], list[int], int]:
         """The next update's chunks, in order. A chunk over the staleness bound is dropped and

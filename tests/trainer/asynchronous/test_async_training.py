@@ -44,12 +44,25 @@ def test_staleness_zero_trains_exactly_the_synchronous_run(tiny_task_dir, tmp_pa
     assert all(r["fully_async/staleness/max"] == 0 and r["fully_async/dropped_samples"] == 0 for r in zero)
 
 
-def test_one_step_off_trains_each_batch_one_version_late(tiny_task_dir, tmp_path, tiny_model_dir):
+def test_one_step_off_trains_each_batch_one_version_late(tiny_task_dir, tmp_path, tiny_model_dir, monkeypatch):
+    from hybridflow import fields as F
+    from hybridflow.trainer.asynchronous import AsyncPPOTrainer
+
+    stamps = []
+    original = AsyncPPOTrainer.update_policy
+
+    def record(self, batch, timer, metrics):
+        stamps.append(sorted(set(batch.non_tensor_batch[F.WEIGHT_VERSION_MIN].tolist())))
+        return original(self, batch, timer, metrics)
+
+    monkeypatch.setattr(AsyncPPOTrainer, "update_policy", record)
     rows = _train(tiny_task_dir, tmp_path / "run", tiny_model_dir, "async_training.mode=one_step_off",
                   "trainer.test_freq=2")
     steps = [r for r in rows if "fully_async/staleness/max" in r]
     assert [r["fully_async/staleness/max"] for r in steps] == [0, 1, 1, 1]
     assert [r["weight_sync/version"] for r in steps] == [1, 2, 3, 4]
+    # per response: the weights (the step they were synced at) that generated it
+    assert stamps == [[0], [0], [1], [2]]
     assert all(r["fully_async/dropped_samples_total"] == 0 for r in steps)
     assert all(0 <= r["fully_async/overlap_fraction"] <= 1 for r in steps)
     assert [r["step"] for r in rows if "val-core/mean" in r] == [2, 4]
@@ -106,7 +119,6 @@ def test_fully_async_with_partial_rollout_trains_within_the_bound(tiny_task_dir,
         ("async_training.mode=sometimes", "unknown"),
         ("async_training.partial_rollout=true", "for mode=fully_async"),
         ("actor_rollout_ref.rollout.checkpoint_engine.backend=shared", "own weights"),
-        ("trainer.backend=ray", "trainer.backend=local"),
     ],
 )
 def test_config_errors(tiny_task_dir, tmp_path, tiny_model_dir, override, message):
@@ -121,3 +133,16 @@ def test_async_mode_defaults_to_bypass_and_a_rollout_copy(tiny_task_dir, tmp_pat
     assert config.actor_rollout_ref.rollout.calculate_log_probs
     assert config.actor_rollout_ref.rollout.checkpoint_engine.backend == "inproc"
     assert PPOTrainer.needs_reference(config) is False
+
+
+@pytest.mark.ray
+def test_one_step_off_on_ray_with_the_rollout_in_its_own_processes(ray_session, tiny_task_dir, tmp_path, tiny_model_dir):
+    """trainer.backend=ray: actor (+ reference) on one pool, the rollout on a second one; each sync
+    ships the actor's weights through the controller. The staleness is one version as in-process."""
+    rows = _train(tiny_task_dir, tmp_path / "run", tiny_model_dir, "async_training.mode=one_step_off",
+                  "trainer.backend=ray", "trainer.test_freq=2", "trainer.total_training_steps=3")
+    steps = [r for r in rows if "fully_async/staleness/max" in r]
+    assert [r["fully_async/staleness/max"] for r in steps] == [0, 1, 1]
+    assert [r["weight_sync/version"] for r in steps] == [1, 2, 3]
+    assert all(r["weight_sync/tensors"] > 0 for r in steps)  # real copies into the rollout's processes
+    assert [r["step"] for r in rows if "val-core/mean" in r] == [2, 3]
