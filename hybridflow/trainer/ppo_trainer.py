@@ -212,8 +212,12 @@ class PPOTrainer:
                 batch = self.keep_varied_groups(batch, more_batches, timer, metrics)
             batch = self.update_policy(batch, timer, metrics)
             with timer.phase("sync_weights"):
-                metrics |= self.workers.rollout.update_weights(version=self.global_steps)[0]
+                metrics |= self.sync_rollout_weights()
         return self.step_metrics(batch, timer, metrics)
+
+    def sync_rollout_weights(self) -> dict[str, float]:
+        """8: the rollout takes the actor's weights, stamped with the step (``weight_sync/*``)."""
+        return self.workers.rollout.update_weights(version=self.global_steps)[0]
 
     def update_policy(self, batch: DataProto, timer: Timer, metrics: dict[str, float]) -> DataProto:
         """Phases 3–7 on a generated, scored batch: old log-probs (or the rollout's, in bypass
@@ -563,6 +567,6 @@ class PPOTrainer:
             ckpt.restore_entry(path, state, "rng", ckpt.set_rng_state)
             self.global_steps = state["global_steps"]
             self.resumed_state = state
-            self.workers.rollout.update_weights(version=self.global_steps)  # the resumed weights, stamped
+            self.sync_rollout_weights()  # the resumed weights, stamped
             print(f"resumed from {path} at step {self.global_steps}")
         self.tracking.rewind(self.global_steps + 1 if path is not None else 0)

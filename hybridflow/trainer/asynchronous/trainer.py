@@ -154,9 +154,11 @@ class AsyncPPOTrainer(PPOTrainer):
         first = self.global_steps * self.schedule.chunks_per_update
         origin = self.resumed_state.get("async_prompt_origin")
         start = (self.resumed_state["dataloader"], int(origin)) if origin is not None else None
-        # Versions count syncs; a resumed run's rollout serves the resumed weights. From here on
-        # the rollout changes weights only at a sync (never on its own before generating).
-        self.push_weights()
+        # Versions count syncs; a resumed run's rollout already serves the resumed weights (the
+        # resume synced them). From here on the rollout changes weights only at a sync, never on
+        # its own before generating.
+        if not self.resumed_state:
+            self.sync_rollout_weights()
         self.workers.rollout.set_pull_before_generating(False)
         self.workers.rollout.set_partial_rollout(self.partial_rollout)
         self.gate.version = self.global_steps // self.schedule.sync_every
@@ -201,19 +203,19 @@ class AsyncPPOTrainer(PPOTrainer):
         if self.partial_rollout:
             metrics["fully_async/aborted_requests"] = float(self.workers.rollout.abort_generation()[0])
         try:
-            metrics |= self.push_weights()
+            metrics |= self.sync_rollout_weights()
         finally:
             if self.partial_rollout:
                 self.workers.rollout.resume_generation()
         self.gate.advance()
         return metrics
 
-    def push_weights(self) -> dict[str, float]:
+    def sync_rollout_weights(self) -> dict[str, float]:
         """The actor's weights to the rollout, stamped with the step: pulled by a colocated
         rollout, or (Ray, the rollout in its own processes) exported by the actor's rank 0 and
         handed over by the controller."""
         if not self.remote_rollout:
-            return self.workers.rollout.update_weights(version=self.global_steps)[0]
+            return super().sync_rollout_weights()
         weights = self.workers.actor.export_sync_weights()[0]
         return self.workers.rollout.update_weights(weights, version=self.global_steps)[0]
 

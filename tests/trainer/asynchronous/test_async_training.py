@@ -146,3 +146,27 @@ def test_one_step_off_on_ray_with_the_rollout_in_its_own_processes(ray_session, 
     assert [r["weight_sync/version"] for r in steps] == [1, 2, 3]
     assert all(r["weight_sync/tensors"] > 0 for r in steps)  # real copies into the rollout's processes
     assert [r["step"] for r in rows if "val-core/mean" in r] == [2, 3]
+
+
+@pytest.mark.ray
+def test_a_one_step_off_run_on_ray_resumes(ray_session, tiny_task_dir, tmp_path, tiny_model_dir, monkeypatch):
+    """Resuming on Ray ships the resumed weights to the rollout's own processes (it has no
+    colocated actor to pull from) and trains the remaining steps once each."""
+    from hybridflow.trainer.asynchronous import AsyncPPOTrainer
+
+    extra = ("async_training.mode=one_step_off", "trainer.backend=ray", "trainer.total_training_steps=3",
+             "trainer.save_freq=2", "trainer.val_before_train=false")
+    original = AsyncPPOTrainer.async_step
+
+    def crash_at_three(self):
+        if self.global_steps == 3:
+            raise KeyboardInterrupt("simulated stop")
+        return original(self)
+
+    monkeypatch.setattr(AsyncPPOTrainer, "async_step", crash_at_three)
+    with pytest.raises(KeyboardInterrupt):
+        _train(tiny_task_dir, tmp_path / "run", tiny_model_dir, *extra)
+    monkeypatch.setattr(AsyncPPOTrainer, "async_step", original)
+    rows = _train(tiny_task_dir, tmp_path / "run", tiny_model_dir, *extra)
+    assert [r["training/global_step"] for r in rows] == [1, 2, 3]
+    assert rows[-1]["weight_sync/version"] == 3 and rows[-1]["fully_async/staleness/max"] <= 1
