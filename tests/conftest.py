@@ -132,3 +132,17 @@ def ray_session() -> Iterator[None]:
             os.environ["PYTHONPATH"] = old
     yield
     ray.shutdown()
+
+
+@pytest.fixture
+def one_rank_group() -> Iterator[None]:
+    """A one-rank gloo process group for the test (FSDP engines need one)."""
+    import torch.distributed as dist
+
+    from hybridflow.controller.worker import find_free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

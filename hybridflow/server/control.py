@@ -25,6 +25,7 @@ the same Host / API-key guard as every route.
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -109,48 +110,51 @@ async def _receive_bucket(state: ServerState, request: Request) -> dict:
 
 
 def add_control_routes(app: FastAPI, state: ServerState) -> None:
-    """Register the routes of the table above on ``app``."""
+    """Register the routes of the table above on ``app``; each answers 403 while they are off."""
     engine = state.engine
 
-    @app.post("/abort_all")
-    async def abort_all() -> Any:
-        return {"aborted": await _wait(engine.abort_all())} if state.control_routes else _off()
+    def control(path: str) -> Any:
+        def register(handler: Any) -> Any:
+            @functools.wraps(handler)  # FastAPI reads the handler's signature through the wrapper
+            async def guarded(*args: Any, **kwargs: Any) -> Any:
+                return await handler(*args, **kwargs) if state.control_routes else _off()
 
-    @app.post("/resume_generation")
+            app.post(path)(guarded)
+            return handler
+
+        return register
+
+    @control("/abort_all")
+    async def abort_all() -> Any:
+        return {"aborted": await _wait(engine.abort_all())}
+
+    @control("/resume_generation")
     async def resume_generation() -> Any:
-        if not state.control_routes:
-            return _off()
         await _wait(engine.resume_generation())
         return {"success": True}
 
-    @app.post("/sleep")
+    @control("/sleep")
     async def sleep(body: SleepRequest) -> Any:
-        if not state.control_routes:
-            return _off()
         try:
             level = await _wait(engine.sleep(check_sleep_level(body.level)))
         except ValueError as err:
             raise BadRequest(str(err), "level") from err
         return {"success": True, "sleep_level": level}
 
-    @app.post("/wake_up")
+    @control("/wake_up")
     async def wake_up(body: WakeUpRequest) -> Any:
-        if not state.control_routes:
-            return _off()
         try:
             level = await _wait(engine.wake_up(check_wake_tags(body.tags)))
         except ValueError as err:
             raise BadRequest(str(err), "tags") from err
         return {"success": True, "sleep_level": level}
 
-    @app.post(UPDATE_WEIGHTS_PATH)
+    @control(UPDATE_WEIGHTS_PATH)
     async def update_weights(request: Request) -> Any:
-        return await _receive_bucket(state, request) if state.control_routes else _off()
+        return await _receive_bucket(state, request)
 
-    @app.post("/clear_kv_cache")
+    @control("/clear_kv_cache")
     async def clear_kv_cache() -> Any:
-        if not state.control_routes:
-            return _off()
         await _wait(engine.clear_kv_cache())
         return {"success": True}
 

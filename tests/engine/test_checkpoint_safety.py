@@ -6,14 +6,11 @@ from __future__ import annotations
 import io
 import os
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
-from hybridflow.controller.worker import find_free_port
 from hybridflow.engine import FSDPEngine, TorchEngine
 from hybridflow.engine.checkpoint import EXTRA_STATE_FILE, OPTIMIZER_FILE, CheckpointFileError, load_torch_data
 from hybridflow.engine.fsdp_checkpoint import SafeLoadPlanner, extra_state_file, read_full_model_state
@@ -95,13 +92,6 @@ def test_load_torch_data_names_a_missing_file(tmp_path) -> None:
 
 
 # ------------------------------------------------------------------------------ FSDP (DCP)
-@pytest.fixture
-def one_rank_group() -> Iterator[None]:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _fsdp_checkpoint(path: Path) -> FSDPEngine:

@@ -3,7 +3,6 @@ precision, a value head, LoRA weights for the rollout, and the error without a p
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from functools import partial
 
 import pytest
@@ -14,20 +13,12 @@ from torch.distributed.tensor import DTensor
 
 from hybridflow import fields as FK
 from hybridflow.algorithms.aggregation import agg_loss
-from hybridflow.controller.worker import find_free_port
 from hybridflow.engine import ENGINES, FSDPEngine, MicroBatchSpec, TorchEngine
 from hybridflow.engine.forward import response_log_probs, response_values
 from hybridflow.models import ValueHeadModel
 from hybridflow.models.tiny import build_tiny_model
 
 
-@pytest.fixture
-def one_rank_group() -> Iterator[None]:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _pg_loss(batch_tokens: torch.Tensor, outputs, micro):

@@ -10,10 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-import torch.distributed as dist
 from peft import LoraConfig, get_peft_model
 
-from hybridflow.controller.worker import find_free_port
 from hybridflow.engine import FSDPEngine, TorchEngine
 from hybridflow.inference.client import HttpClient, InProcessClient
 from hybridflow.inference.engine import GenerationEngine
@@ -93,13 +91,6 @@ def test_lora_actor_arrives_merged(tokenizer):
         torch.testing.assert_close(receiver(ids).logits, peft_model(input_ids=ids).logits, rtol=0, atol=1e-5)
 
 
-@pytest.fixture
-def one_rank_group() -> Iterator[None]:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{find_free_port()}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_fsdp_shards_are_gathered_into_full_tensors(one_rank_group, tokenizer):
