@@ -32,6 +32,9 @@ ROLLOUT_LOG_PROBS = "rollout_log_probs"
 # --- tensors added by the controller's phases ----------------------------------------------
 OLD_LOG_PROBS = "old_log_probs"
 REF_LOG_PROB = "ref_log_prob"
+TEACHER_LOG_PROB = "teacher_log_prob"
+TEACHER_TOPK_LOG_PROBS = "teacher_topk_log_probs"
+TEACHER_TOPK_IDS = "teacher_topk_ids"
 ENTROPYS = "entropys"
 VALUES = "values"
 TOKEN_LEVEL_SCORES = "token_level_scores"
@@ -65,6 +68,9 @@ FIELDS: dict[str, Field] = {
         Field(ROLLOUT_LOG_PROBS, "(B, T)", True, "log-probs the rollout engine sampled with"),
         Field(OLD_LOG_PROBS, "(B, T)", True, "actor log-probs before the update (ℓ_old)"),
         Field(REF_LOG_PROB, "(B, T)", True, "reference-policy log-probs (ℓ_ref)"),
+        Field(TEACHER_LOG_PROB, "(B, T)", True, "distillation teacher's log-probs of the response tokens"),
+        Field(TEACHER_TOPK_LOG_PROBS, "(B, T, K)", True, "the teacher's K largest log-probs per response position"),
+        Field(TEACHER_TOPK_IDS, "(B, T, K)", True, "the token ids of those log-probs (int64)"),
         Field(ENTROPYS, "(B, T)", True, "per-token entropy of the actor's distribution"),
         Field(VALUES, "(B, T)", True, "critic values V_t"),
         Field(RM_SCORES, "(B, T)", True, "reward-model scores at each response's last token"),

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from hybridflow.config.actor_rollout_ref import (
     ActorRolloutRefConfig, AttnImplementation, Dtype, OptimConfig, RolloutCorrectionConfig,
 )
+from hybridflow.config.distillation import DistillationConfig
 from hybridflow.config.spec import section, setting
 
 
@@ -337,3 +338,4 @@ class PPOConfig:
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "advantage estimation and KL")
     trainer: TrainerConfig = section(TrainerConfig, "loop, placement, logging, checkpoints")
     async_training: AsyncTrainingConfig = section(AsyncTrainingConfig, "overlap generation and training (one-step-off, fully async)")
+    distillation: DistillationConfig = section(DistillationConfig, "on-policy distillation from a teacher model")

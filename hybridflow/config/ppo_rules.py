@@ -23,6 +23,7 @@ from hybridflow.algorithms.policy_losses import POLICY_LOSSES
 from hybridflow.algorithms.rollout_correction import ROLLOUT_RS_OPTIONS
 from hybridflow.config.actor_rollout_ref import ActorConfig, ActorRolloutRefConfig, RolloutCorrectionConfig
 from hybridflow.config.build import check_leaves
+from hybridflow.config.distillation_rules import resolve_distillation, rule_distillation
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.ppo import AlgorithmConfig, CriticConfig, PPOConfig, TrainerConfig
 
@@ -122,6 +123,7 @@ def resolve_ppo_config(cfg: PPOConfig) -> PPOConfig:
     needs_values = get_estimator_spec(cfg.algorithm.adv_estimator).needs_values
     return replace(
         cfg,
+        distillation=resolve_distillation(cfg.distillation, ref),
         algorithm=algorithm,
         data=replace(cfg.data, seed=_or(cfg.data.seed, cfg.trainer.seed)),
         actor_rollout_ref=new_arr,
@@ -496,5 +498,6 @@ PPO_RULES: tuple[Callable[[PPOConfig], list[str]], ...] = (
     rule_reward_model,
     rule_rollout_engine,
     rule_async_training,
+    rule_distillation,
     rule_not_yet,
 )

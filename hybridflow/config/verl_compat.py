@@ -38,6 +38,8 @@ class IgnoredKey:
             return all(self.accepts(value[k]) for k in keys)
         if isinstance(value, str) and value.lower() in {str(v).lower() for v in self.off_values}:
             return True
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value in self.off_values:
+            return True
         return is_off(value)
 
 
@@ -197,6 +199,17 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey("reward_manager.*", "verl's reward-manager section: its name sets reward_model.reward_manager; managers "
                "come from the registry, custom classes (module.path) are not supported", only_when_off=True,
                off_values=("register", "custom_reward_manager")),
+    # verl's on-policy distillation section (distillation.*) ---------------------------------------
+    IgnoredKey("distillation.num_workers", "replicas of verl's teacher server; the teacher here is a worker group on "
+               "the trainer's pool shape (or its own, distillation.teacher_model.enable_resource_pool)"),
+    IgnoredKey("distillation.teacher_model.inference.*", "verl's vLLM teacher-server settings; the teacher here "
+               "scores the student's tokens with a forward pass (micro-batching: teacher_model.log_prob_*)"),
+    IgnoredKey("distillation.distillation_loss.policy_loss_mode", "the folded reward trains through the actor's "
+               "policy loss (verl supports only vanilla here too)", only_when_off=True, off_values=("vanilla",)),
+    *(IgnoredKey(f"distillation.distillation_loss.{key}", "the folded reward trains through the actor's policy loss "
+                 "and its clip ratios; verl's separate distillation clip is accepted at its default only",
+                 only_when_off=True, off_values=(0.2,))
+      for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high")),
 )
 
 

@@ -164,15 +164,17 @@ def pack_micro_batch(micro: TensorDict, response_len: int) -> Packed:
 
 
 def unpack(x: torch.Tensor, packed: Packed) -> torch.Tensor:
-    """(K,) values of the kept positions → (b, T), zero elsewhere."""
-    out = x.new_zeros(packed.batch, packed.response_len)
+    """(K, ...) values of the kept positions → (b, T, ...), zero elsewhere."""
+    out = x.new_zeros(packed.batch, packed.response_len, *x.shape[1:])
     return out.index_put((packed.rows, packed.cols), x)
 
 
 def _finish(x: torch.Tensor, micro: TensorDict, window: Window) -> torch.Tensor:
     """Zero every non-response position (so outputs never depend on the micro-batch split)
-    and pad back to the response width T."""
+    and pad back to the response width T. ``x``: (b, n) or (b, n, K)."""
     valid = micro[FK.ATTENTION_MASK][:, window.prompt_len : window.hi].to(x.dtype)
+    if x.dim() == 3:
+        return F.pad(x * valid[..., None], (0, 0, 0, window.response_len - x.shape[1]))
     return F.pad(x * valid, (0, window.response_len - x.shape[1]))
 
 
@@ -206,9 +208,11 @@ def response_log_probs(
     calculate_sum_pi_squared: bool = False,
     entropy_requires_grad: bool = True,
     prompt_cache: PromptKeysValues | None = None,
+    topk: int = 0,
+    gather_ids_key: str | None = None,
 ) -> dict[str, torch.Tensor]:
     """``{"log_probs": (b, T)[, "entropy": (b, T)][, "sum_pi_squared": (b, T)]}`` of the
-    response tokens under ``module``.
+    response tokens under ``module`` (and ``topk_log_probs`` / ``topk_ids``, see below).
 
     log π(y_t) = log softmax(z_t / τ)[y_t] with τ = ``temperature`` (the sampling
     temperature), computed in float32; entropy of softmax(z_t / τ) (``chunked_entropy``:
@@ -216,18 +220,30 @@ def response_log_probs(
     gradient, for the metric only). Exactly 0 where the attention mask is 0. ``prompt_cache``:
     the keys and values of these rows' prompts, already computed for the whole batch
     (:mod:`hybridflow.engine.shared_prompt`; the engine passes it).
+
+    Distillation: ``topk`` > 0 adds the model's own ``topk`` largest log-probs per position,
+    ``topk_log_probs`` (b, T, K) and their ``topk_ids`` (b, T, K, int64); ``gather_ids_key``
+    names a (b, T, K) id column of ``micro`` (a teacher's top-K ids) at which the
+    ``topk_log_probs`` are gathered instead (differentiable). Both take the full-vocabulary
+    log-softmax of these rows.
     """
     responses = micro[FK.RESPONSES]
+    gather_ids = micro[gather_ids_key] if gather_ids_key is not None else None
     if prompt_cache is None and packs_rows(module) and worth_packing(micro, responses.shape[1]):
         packed = pack_micro_batch(micro, responses.shape[1])
         logits = module(**packed.inputs, use_cache=False, logits_to_keep=packed.keep).logits
         labels = responses[packed.rows, packed.cols][None]
+        gather_ids = gather_ids[packed.rows, packed.cols][None] if gather_ids is not None else None
         finish = lambda x: unpack(x[0], packed)  # noqa: E731
     else:
         window = response_window(micro[FK.ATTENTION_MASK], responses.shape[1])
         logits = _response_logits(module, _windowed_inputs(micro, window), window, prompt_cache)
         labels = responses[:, : window.n_response]
+        gather_ids = gather_ids[:, : window.n_response] if gather_ids is not None else None
         finish = lambda x: _finish(x, micro, window)  # noqa: E731
+    if topk > 0 or gather_ids is not None:
+        return _full_log_softmax_outputs(logits, labels, temperature, finish, topk, gather_ids, calculate_entropy,
+                                         entropy_requires_grad)
     entropy_needs_grad = calculate_entropy and entropy_requires_grad and torch.is_grad_enabled()
     if not (entropy_needs_grad or calculate_sum_pi_squared):
         # The common case: one fused pass per chunk of rows (see fused_log_probs).
@@ -249,6 +265,36 @@ def response_log_probs(
     if calculate_sum_pi_squared:  # Σ_v π_v², for the optimal-token-baseline estimators
         probs = torch.softmax(logits / temperature, dim=-1)
         result["sum_pi_squared"] = finish(probs.square().sum(-1))
+    return result
+
+
+def _full_log_softmax_outputs(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float,
+    finish: Any,
+    topk: int,
+    gather_ids: torch.Tensor | None,
+    calculate_entropy: bool,
+    entropy_requires_grad: bool,
+) -> dict[str, torch.Tensor]:
+    """Log-probs of ``labels`` plus top-K (own or gathered at ``gather_ids``) from one
+    float32 log-softmax over the vocabulary."""
+    log_softmax = torch.log_softmax(logits.float() / temperature, dim=-1)
+    result = {"log_probs": finish(log_softmax.gather(-1, labels[..., None])[..., 0])}
+    if gather_ids is not None:
+        if gather_ids.numel() and int(gather_ids.max()) >= log_softmax.shape[-1]:
+            raise ValueError(f"top-K token id {int(gather_ids.max())} is outside this model's vocabulary of "
+                             f"{log_softmax.shape[-1]} logits (was the teacher's vocabulary larger?)")
+        result["topk_log_probs"] = finish(log_softmax.gather(-1, gather_ids))
+    elif topk > 0:
+        if topk > log_softmax.shape[-1]:
+            raise ValueError(f"top-K of {topk} exceeds the model's vocabulary of {log_softmax.shape[-1]}")
+        values, ids = log_softmax.topk(topk, dim=-1)
+        result["topk_log_probs"], result["topk_ids"] = finish(values), finish(ids)
+    if calculate_entropy:
+        with torch.set_grad_enabled(entropy_requires_grad and torch.is_grad_enabled()):
+            result["entropy"] = finish(-(log_softmax.exp() * log_softmax).sum(-1))
     return result
 
 

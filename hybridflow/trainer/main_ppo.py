@@ -40,6 +40,7 @@ from hybridflow.workers.reward.model import RewardModelWorker
 from hybridflow.workers.reward.scores import CODE_SOURCES
 from hybridflow.workers.reward.scores.code import CodeSandboxSpec
 from hybridflow.workers.rollout.worker import RolloutWorker
+from hybridflow.workers.teacher import TeacherWorker
 from hybridflow.utils.allocator import keep_freed_memory
 from hybridflow.utils.errors import run_main
 
@@ -222,8 +223,13 @@ def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> W
                                 **({"share_name": None} if separate_rollout else {}))
     roles_spec = actor_rollout_ref_roles(
         arr, rollout=None if separate_rollout else rollout, with_ref=use_reference, total_training_steps=total_steps,
-        device=device, seed=trainer.seed,
+        device=device, seed=trainer.seed, distillation=config.distillation,
     )
+    teacher_spec = ClassWithInitArgs(TeacherWorker, config.distillation, arr, device=device,
+                                     student_tokenizer=config.data.tokenizer)
+    teacher_own_pool = config.distillation.teacher_model.enable_resource_pool
+    if config.distillation.enabled and not teacher_own_pool:  # a role in the actor's processes, like the reference
+        roles_spec["teacher"] = teacher_spec
     critic_spec = ClassWithInitArgs(
         CriticWorker, config.critic, rollout_n=arr.rollout.n, total_training_steps=total_steps,
         device=device, seed=trainer.seed, trust_remote_code=arr.model.trust_remote_code,
@@ -234,16 +240,22 @@ def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> W
         roles_spec["critic"] = critic_spec
     group = create_worker_group(trainer.backend, pool, colocated_class(roles_spec))
     roles = group.spawn()
-    for role in ("actor", "rollout", "ref", "critic"):  # actor first: it publishes the live policy
+    for role in ("actor", "rollout", "ref", "teacher", "critic"):  # actor first: it publishes the live policy
         if role in roles:
             roles[role].init_model()
-    owners, critic = [group], roles.get("critic")
+    owners, critic, teacher = [group], roles.get("critic"), roles.get("teacher")
     rollout_group = roles.get("rollout")
     if separate_rollout:
         rollout_pool = ResourcePool([trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=device == "cuda")
         rollout_group = create_worker_group(trainer.backend, rollout_pool, rollout)
         rollout_group.init_model()
         owners.append(rollout_group)
+    if config.distillation.enabled and teacher_own_pool:  # the teacher's own processes (Ray)
+        t = config.distillation.teacher_model
+        teacher = create_worker_group(trainer.backend, ResourcePool([t.n_gpus_per_node] * t.nnodes,
+                                                                    use_gpu=device == "cuda"), teacher_spec)
+        teacher.init_model()
+        owners.append(teacher)
     rm = build_reward_model_workers(config, device) if config.reward_model.enable and not serves_judge(config) else None
     if rm is not None:
         owners.append(rm)
@@ -253,7 +265,8 @@ def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> W
         critic.init_model()
         owners.append(critic)
     return WorkerGroups(
-        actor=roles["actor"], rollout=rollout_group, ref=roles.get("ref"), critic=critic, rm=rm, owners=owners
+        actor=roles["actor"], rollout=rollout_group, ref=roles.get("ref"), critic=critic, rm=rm, teacher=teacher,
+        owners=owners,
     )
 
 

@@ -12,8 +12,10 @@ numbered phases of the HybridFlow paper's algorithm, each a named call.
       3 old logp      actor.compute_log_prob               (skipped when on-policy, or in bypass mode)
      3b correction    rollout correction: IS weights / rejection (decoupled), or ℓ_old := ℓ_rollout (bypass)
       4 ref logp      ref.compute_ref_log_prob             (when a KL term needs it)
+     4b teacher logp  teacher.compute_teacher_log_prob     (on-policy distillation)
       5 values        critic.compute_values                (when the estimator needs values)
       6 advantage     KL-in-reward, then ADV_ESTIMATORS[name] via compute_advantage
+                      (+ distillation: task advantage × reward_weight, teacher's per-token reward)
       7 update        critic.update_critic, actor.update_actor (after critic_warmup)
       8 weight sync   rollout.update_weights(version=step) through rollout.checkpoint_engine (a
                       version stamp only when the rollout shares the actor's module)
@@ -43,6 +45,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.tracking import Tracking
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.balance import balance_batch
+from hybridflow.trainer.distillation import distill_advantages
 from hybridflow.trainer.pf_ppo import pf_ppo_resample
 from hybridflow.trainer.rollout_correction import (
     apply_decoupled_correction,
@@ -81,6 +84,7 @@ class WorkerGroups:
     ref: Any | None = None
     critic: Any | None = None
     rm: Any | None = None  # reward-model workers (reward_model.enable with a sequence-classification model)
+    teacher: Any | None = None  # distillation teacher (distillation.enabled)
     owners: list[Any] = field(default_factory=list)  # groups that own worker processes; shut down at the end
 
 
@@ -127,8 +131,11 @@ class PPOTrainer:
         # ℓ_old must be computed unless the actor can take it from its own first forward pass,
         # or bypass mode takes the rollout's instead.
         self.correction = correction_mode(algo.rollout_correction)
+        self.distill = config.distillation if config.distillation.enabled else None
+        # The teacher's per-token reward (use_policy_gradient) is computed against ℓ_old.
+        fold = self.distill is not None and self.distill.distillation_loss.use_policy_gradient
         self.compute_old_log_probs = self.correction == "decoupled" or (self.correction == "off" and (
-            not on_policy or self.use_kl_in_reward or self.spec.needs_old_log_probs))
+            not on_policy or self.use_kl_in_reward or self.spec.needs_old_log_probs or fold))
         self.rows_per_step = rows
         # Phase variants chosen once (ReMax's greedy baseline pass is one).
         self.baseline_phase = self.compute_reward_baselines if self.spec.needs_reward_baselines else None
@@ -140,6 +147,8 @@ class PPOTrainer:
             )
         if self.use_reference and workers.ref is None:
             raise ValueError("this configuration needs a reference policy (KL loss / KL in reward) but no ref workers were built")
+        if self.distill is not None and workers.teacher is None:
+            raise ValueError("distillation.enabled=true but no teacher workers were built")
         if self.use_critic and workers.critic is None:
             raise ValueError(f"adv_estimator={algo.adv_estimator} needs a critic but no critic workers were built")
 
@@ -235,6 +244,9 @@ class PPOTrainer:
         if self.use_reference:
             with timer.phase("ref"):
                 batch = batch.union(self.workers.ref.compute_ref_log_prob(batch))
+        if self.distill is not None:
+            with timer.phase("teacher"):
+                batch = batch.union(self.workers.teacher.compute_teacher_log_prob(batch))
         if self.use_critic:
             with timer.phase("values"):
                 batch = batch.union(self.workers.critic.compute_values(batch))
@@ -445,6 +457,8 @@ class PPOTrainer:
             params=advantage_params(self.config.algorithm),
         )
         td[F.ADVANTAGES], td[F.RETURNS] = advantages, returns
+        if self.distill is not None:
+            metrics |= distill_advantages(batch, self.distill)
         return metrics
 
     def _reward_components(self, batch: DataProto) -> torch.Tensor | None:

@@ -24,6 +24,7 @@ from transformers import PreTrainedTokenizerBase
 
 from hybridflow import fields as FK
 from hybridflow.config import ActorRolloutRefConfig
+from hybridflow.config.distillation import DistillationConfig
 from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.engine import TrainEngine
 from hybridflow.engine.forward import response_log_probs
@@ -32,6 +33,7 @@ from hybridflow.models.hf_metadata import HF_CONFIG_DIR, save_hf_metadata
 from hybridflow.protocol import DataProto
 from hybridflow.workers.actor_loss import ADDITIVE_ACTOR_METRICS, ActorLoss
 from hybridflow.workers.data_parallel import dp_global_batch_info
+from hybridflow.workers.distillation_term import DistillationTerm
 from hybridflow.workers.engine_factory import build_engine, needs_process_group
 from hybridflow.workers.ppo_loop import (
     load_shuffle_state,
@@ -57,7 +59,8 @@ def log_prob_temperature(sampling_temperature: float) -> float:
 class ActorWorker(Worker):
     """Trains the policy. Args: the ``actor_rollout_ref`` config; ``total_training_steps`` for
     the lr schedule; ``device``; ``seed`` (mini-batch shuffling); ``share_name`` — publish the
-    live policy for colocated roles under this name (None: do not share)."""
+    live policy for colocated roles under this name (None: do not share); ``distillation``:
+    the run's distillation section (its loss term and metrics join the actor's objective)."""
 
     def __init__(
         self,
@@ -66,9 +69,11 @@ class ActorWorker(Worker):
         device: str = "cpu",
         seed: int = 0,
         share_name: str | None = DEFAULT_SHARE_NAME,
+        distillation: DistillationConfig | None = None,
     ) -> None:
         super().__init__()
         self.config = config
+        self.distillation = distillation
         self.total_training_steps = total_training_steps
         self.device = torch.device(device)
         self.share_name = share_name
@@ -174,6 +179,8 @@ class ActorWorker(Worker):
         needed = [*_MODEL_INPUTS, FK.ADVANTAGES]
         needed += [FK.OLD_LOG_PROBS] if stored_old else []
         needed += [FK.REF_LOG_PROB] if actor.use_kl_loss else []
+        distill = DistillationTerm.from_config(self.distillation, actor.loss_agg_mode) if self.distillation else None
+        needed += distill.required_fields() if distill is not None else []
         require_fields(batch, needed, "update_actor")
         forward = partial(
             response_log_probs,
@@ -181,12 +188,13 @@ class ActorWorker(Worker):
             calculate_entropy=True,  # always logged as actor/entropy; differentiated only if used
             entropy_requires_grad=actor.entropy_coeff != 0.0,
             chunked_entropy=actor.entropy_from_logits_with_chunking,
+            gather_ids_key=FK.TEACHER_TOPK_IDS if distill is not None and distill.gathers_topk else None,
         )
         per_step: list[dict[str, float]] = []
         for mini in iter_mini_batches(batch, rows, actor.ppo_epochs, actor.shuffle, self._shuffle_generator):
             mask = response_mask_of(mini)
             info = dp_global_batch_info(mask, self.world_size, loss_scale_factor=float(mask.shape[1]))
-            loss_fn = ActorLoss.from_config(actor, info, use_stored_old_log_probs=stored_old)
+            loss_fn = ActorLoss.from_config(actor, info, use_stored_old_log_probs=stored_old, distill=distill)
             step_metrics = reduce_micro_metrics(engine.forward_backward(mini, forward, loss_fn), ADDITIVE_ACTOR_METRICS)
             step = engine.optimizer_step()
             step_metrics.update({"actor/grad_norm": step.grad_norm, "actor/lr": step.lr, "actor/skipped_step": float(step.skipped)})

@@ -1,6 +1,7 @@
 """The actor objective for one micro-batch.
 
     L = pg_loss − entropy_coeff · agg(H) + kl_loss_coef · agg(KL_{kl_loss_type}(ℓ, ℓ_ref))
+        [+ distillation_loss_coef · agg(D(ℓ, ℓ_teacher))]   (distillation as a loss term)
 
 pg_loss comes from the policy-loss registry; every term is aggregated with the normalisers
 of the whole mini-batch (:class:`GlobalBatchInfo`), so summing micro-batch losses gives the
@@ -20,10 +21,11 @@ from hybridflow.algorithms.aggregation import GlobalBatchInfo, agg_loss_with_inf
 from hybridflow.algorithms.kl import kl_penalty
 from hybridflow.algorithms.policy_losses import get_policy_loss_fn, select_policy_loss_params
 from hybridflow.config import ActorConfig
+from hybridflow.workers.distillation_term import ADDITIVE_DISTILL_METRICS, DistillationTerm
 from hybridflow.workers.ppo_loop import NUM_TOKENS_KEY, response_mask_of
 
 # Metrics that are a micro-batch's share of a mini-batch loss (summed over micro-batches).
-ADDITIVE_ACTOR_METRICS = frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/loss"})
+ADDITIVE_ACTOR_METRICS = frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/loss"}) | ADDITIVE_DISTILL_METRICS
 
 
 def policy_loss_scalars(actor: ActorConfig) -> dict[str, object]:
@@ -69,9 +71,13 @@ class ActorLoss:
     kl_loss_type: str
     batch_info: GlobalBatchInfo
     use_stored_old_log_probs: bool
+    distill: DistillationTerm | None = None
 
     @classmethod
-    def from_config(cls, actor: ActorConfig, batch_info: GlobalBatchInfo, use_stored_old_log_probs: bool) -> ActorLoss:
+    def from_config(
+        cls, actor: ActorConfig, batch_info: GlobalBatchInfo, use_stored_old_log_probs: bool,
+        distill: DistillationTerm | None = None,
+    ) -> ActorLoss:
         mode = actor.policy_loss.loss_mode
         return cls(
             loss_mode=mode,
@@ -83,6 +89,7 @@ class ActorLoss:
             kl_loss_type=actor.kl_loss_type,
             batch_info=batch_info,
             use_stored_old_log_probs=use_stored_old_log_probs,
+            distill=distill,
         )
 
     @property
@@ -110,5 +117,9 @@ class ActorLoss:
             kl_loss = agg_loss_with_info(kld, mask, self.loss_agg_mode, self.batch_info)
             loss = loss + self.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = kl_loss.detach()
+        if self.distill is not None:
+            term, distill_metrics = self.distill(outputs, micro, mask, self.batch_info)
+            loss = loss if term is None else loss + term
+            metrics |= distill_metrics
         metrics["actor/loss"] = loss.detach()
         return loss, metrics

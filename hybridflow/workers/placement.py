@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from hybridflow.config import ActorRolloutRefConfig
+from hybridflow.config.distillation import DistillationConfig
 from hybridflow.controller import ClassWithInitArgs, ColocatedWorker, colocated_class
 from hybridflow.workers.actor import ActorWorker
 from hybridflow.workers.reference import ReferenceWorker
@@ -36,11 +37,14 @@ def actor_rollout_ref_roles(
     device: str = "cpu",
     seed: int = 0,
     share_name: str = DEFAULT_SHARE_NAME,
+    distillation: DistillationConfig | None = None,
 ) -> dict[str, ClassWithInitArgs[Any]]:
-    """``{role: ClassWithInitArgs}`` in build order: actor, then rollout (if given), then ref."""
+    """``{role: ClassWithInitArgs}`` in build order: actor, then rollout (if given), then ref.
+    ``distillation``: the run's section, for the actor's distillation term."""
     roles: dict[str, ClassWithInitArgs[Any]] = {
         ACTOR_ROLE: ClassWithInitArgs(
-            ActorWorker, config, total_training_steps=total_training_steps, device=device, seed=seed, share_name=share_name
+            ActorWorker, config, total_training_steps=total_training_steps, device=device, seed=seed,
+            share_name=share_name, distillation=distillation,
         )
     }
     if rollout is not None:

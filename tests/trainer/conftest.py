@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,3 +32,22 @@ def tiny_overrides(task_dir: Path, run_dir: Path, model_dir: Path, *extra: str) 
         f"custom_reward_function.path={DENSE_REWARD}",
         *extra,
     ]
+
+
+def cut_then_resume(train: Callable[[], Any], monkeypatch: pytest.MonkeyPatch, stop_at: int = 3) -> Any:
+    """``train()`` stopped by a KeyboardInterrupt as ``PPOTrainer.step`` reaches global step
+    ``stop_at`` (a simulated crash), then ``train()`` again unpatched (the resume); returns its result."""
+    from hybridflow.trainer.ppo_trainer import PPOTrainer
+
+    original_step = PPOTrainer.step
+
+    def crash(self, batch, more_batches=None):
+        if self.global_steps == stop_at:
+            raise KeyboardInterrupt("simulated stop")
+        return original_step(self, batch, more_batches)
+
+    monkeypatch.setattr(PPOTrainer, "step", crash)
+    with pytest.raises(KeyboardInterrupt):
+        train()
+    monkeypatch.setattr(PPOTrainer, "step", original_step)
+    return train()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -235,9 +236,11 @@ def test_tool_tokens_are_masked_and_carry_no_loss(model, tokenizer, calculator_y
         torch.testing.assert_close(g0[name], g1[name], rtol=0, atol=0, msg=name)
 
 
-@pytest.mark.parametrize("mode", ["sync", "one_step_off"])
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "distill"])
 def test_grpo_run_with_tool_agent_trains_and_validates(tiny_task_dir, tiny_model_dir, tmp_path, calculator_yaml, monkeypatch,
                                                       mode):
+    """``distill``: on-policy distillation (the teacher's per-token reward folded into the
+    advantage) through the same tool loops: tool tokens get no reward and no loss."""
     from hybridflow.config import load_config
     from hybridflow.trainer.main_ppo import build_trainer
     from hybridflow.trainer.ppo_trainer import PPOTrainer
@@ -273,7 +276,10 @@ def test_grpo_run_with_tool_agent_trains_and_validates(tiny_task_dir, tiny_model
         "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
         "data.apply_chat_template_kwargs.enable_thinking=false",
-        f"async_training.mode={mode}",  # one_step_off: the loops run on the rollouter thread
+        # one_step_off: the loops run on the rollouter thread
+        *((f"async_training.mode={mode}",) if mode != "distill" else (
+            "distillation.enabled=true", f"distillation.teacher_model.model_path={tiny_model_dir}",
+            "distillation.distillation_loss.loss_mode=k1", "distillation.teacher_model.dtype=fp32")),
     ))
     trainer = build_trainer(cfg)
     try:
@@ -290,6 +296,9 @@ def test_grpo_run_with_tool_agent_trains_and_validates(tiny_task_dir, tiny_model
         _check_tool_holes(batch, tok, call_len)
         mask = batch.batch[F.RESPONSE_MASK]
         assert (batch.batch[F.ADVANTAGES][mask == 0] == 0).all()
+    if mode == "distill":
+        assert math.isfinite(last["distill/kl"]) and last["distill/teacher_logp"] < 0
+        assert all(b.batch[F.TEACHER_LOG_PROB].shape == b.batch[F.RESPONSE_MASK].shape for b in seen)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert any("num_turns/mean" in row for row in rows)
 

@@ -12,9 +12,8 @@ import torch
 from hybridflow.algorithms.advantages import ADV_ESTIMATORS
 from hybridflow.config import load_config
 from hybridflow.trainer.main_ppo import build_trainer, run
-from hybridflow.trainer.ppo_trainer import PPOTrainer
 
-from .conftest import tiny_overrides
+from .conftest import cut_then_resume, tiny_overrides
 
 
 def _rows(run_dir: Path) -> list[dict]:
@@ -87,18 +86,8 @@ def test_resume_equals_uninterrupted(tiny_task_dir, tmp_path, tiny_model_dir, mo
     full_dir, cut_dir = tmp_path / "full", tmp_path / "cut"
     run(load_config(None, tiny_overrides(tiny_task_dir, full_dir, tiny_model_dir, *common)))
 
-    original_step = PPOTrainer.step
-
-    def crash_at_three(self, batch, more_batches=None):
-        if self.global_steps == 3:
-            raise KeyboardInterrupt("simulated stop")
-        return original_step(self, batch, more_batches)
-
-    monkeypatch.setattr(PPOTrainer, "step", crash_at_three)
-    with pytest.raises(KeyboardInterrupt):
-        run(load_config(None, tiny_overrides(tiny_task_dir, cut_dir, tiny_model_dir, *common)))
-    monkeypatch.setattr(PPOTrainer, "step", original_step)
-    run(load_config(None, tiny_overrides(tiny_task_dir, cut_dir, tiny_model_dir, *common)))
+    cut_then_resume(lambda: run(load_config(None, tiny_overrides(tiny_task_dir, cut_dir, tiny_model_dir, *common))),
+                    monkeypatch)
 
     def comparable(rows):
         return [{k: v for k, v in r.items() if not k.startswith(("timing_s/", "perf/"))} for r in rows]

@@ -1,6 +1,3 @@
-import json
-
-import numpy as np
 import pytest
 
 from hybridflow.tracking import Tracking, read_jsonl_metrics

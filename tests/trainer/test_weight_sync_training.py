@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 
 from hybridflow.config import load_config
 from hybridflow.trainer.main_ppo import run
-from hybridflow.trainer.ppo_trainer import PPOTrainer
 
-from .conftest import tiny_overrides
+from .conftest import cut_then_resume, tiny_overrides
 
 COMMON = ("trainer.total_training_steps=3", "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1")
 
@@ -48,16 +46,5 @@ def test_copying_backends_train_exactly_like_the_shared_module(tiny_task_dir, tm
 def test_an_inproc_run_resumes_exactly(tiny_task_dir, tmp_path, tiny_model_dir, monkeypatch):
     extra = ("trainer.total_training_steps=4", "trainer.save_freq=2")
     full = _train(tiny_task_dir, tmp_path / "full", tiny_model_dir, "inproc", *extra)
-    original_step = PPOTrainer.step
-
-    def crash_at_three(self, batch, more_batches=None):
-        if self.global_steps == 3:
-            raise KeyboardInterrupt("simulated stop")
-        return original_step(self, batch, more_batches)
-
-    monkeypatch.setattr(PPOTrainer, "step", crash_at_three)
-    with pytest.raises(KeyboardInterrupt):
-        _train(tiny_task_dir, tmp_path / "cut", tiny_model_dir, "inproc", *extra)
-    monkeypatch.setattr(PPOTrainer, "step", original_step)
-    cut = _train(tiny_task_dir, tmp_path / "cut", tiny_model_dir, "inproc", *extra)
+    cut = cut_then_resume(lambda: _train(tiny_task_dir, tmp_path / "cut", tiny_model_dir, "inproc", *extra), monkeypatch)
     assert _comparable(cut) == _comparable(full)
