@@ -1,5 +1,7 @@
 """benchmarks/distillation.py end to end on the tiny model (2 steps per run): it trains a teacher,
-exports it, distils into a fresh student and runs both controls."""
+exports it and distils into a fresh student (``--no-control``: the controls are the same command
+with another teacher path; a teacher equal to the student giving exactly 0 is tested in process,
+tests/trainer/test_distillation_training.py)."""
 
 from __future__ import annotations
 
@@ -11,17 +13,15 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "distillation.py"
 
 
-def test_teacher_distill_and_controls_run_and_report(tiny_model_dir: Path, tmp_path: Path):
+def test_teacher_and_distillation_run_and_report(tiny_model_dir: Path, tmp_path: Path):
     out = tmp_path / "result.json"
     cmd = [sys.executable, str(BENCH), "--model", str(tiny_model_dir), "--teacher-steps", "2", "--steps", "2",
-           "--threads", "1", "--work-dir", str(tmp_path / "work"), "--out", str(out)]
+           "--threads", "1", "--no-control", "--work-dir", str(tmp_path / "work"), "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "CPU:" in proc.stdout and "student–teacher KL falls by" in proc.stdout
     results = json.loads(out.read_text())["results"]
-    assert set(results) == {"grpo_teacher", "distill", "control", "control_fp32"}
+    assert set(results) == {"grpo_teacher", "distill"}
     assert (tmp_path / "work" / "teacher_hf" / "config.json").exists()
     assert [step for step, _ in results["distill"]["val"]] == [0, 2]
-    # the exact control: fp32 teacher = student, every token's reward is exactly 0 at the first step
-    assert results["control_fp32"]["kl"][0] == 0.0
     assert results["distill"]["kl"][0] != 0.0 and results["distill"]["samples_per_s"] > 0
