@@ -33,7 +33,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import child_env, describe_machine, hardware_facts, machine_facts, run_logged, write_json  # noqa: E402
+from common import (  # noqa: E402
+    child_env, describe_machine, hardware_facts, machine_facts, main_job_task, run_logged, write_json,
+)
 
 MODES: dict[str, list[str]] = {
     "sync": [],
@@ -81,9 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     machine, hardware = machine_facts(), hardware_facts("auto", 256, args.threads)
-    task = work / "task"  # the main job's task (same generator and defaults), kept in the work folder
-    if not (task / "train.parquet").exists():
-        run_logged(["hybridflow", "data", "arithmetic", "--out", str(task)], work / "data.log", child_env(args.threads))
+    task = main_job_task(work, child_env(args.threads))
     results = {}
     for mode in args.modes.split(","):
         run_dir = work / mode

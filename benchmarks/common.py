@@ -470,6 +470,14 @@ def side_main(run: Callable[["BenchSettings"], dict[str, Any]], doc: str | None,
 
 
 # ---------------------------------------------------------------------------- CLI pipelines
+def main_job_task(work: Path, env: dict[str, str]) -> Path:
+    """The main job's arithmetic task (same generator and defaults) in ``work/task``, written once."""
+    task = work / "task"
+    if not (task / "train.parquet").exists():
+        run_logged(["hybridflow", "data", "arithmetic", "--out", str(task)], work / "data.log", env)
+    return task
+
+
 def run_logged(cmd: list[str], log: Path, env: dict[str, str]) -> float:
     """Run one CLI command of a pipeline benchmark with its output in ``log``; its wall time,
     or RuntimeError with the log's tail."""

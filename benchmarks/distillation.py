@@ -38,7 +38,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import child_env, describe_machine, hardware_facts, machine_facts, run_logged, write_json  # noqa: E402
+from common import (  # noqa: E402
+    child_env, describe_machine, hardware_facts, machine_facts, main_job_task, run_logged, write_json,
+)
 
 LOSSES: dict[str, list[str]] = {
     "k1": ["distillation.distillation_loss.loss_mode=k1", "distillation.distillation_loss.use_policy_gradient=true"],
@@ -93,9 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     env = child_env(args.threads)
     machine, hardware = machine_facts(), hardware_facts("auto", 256, args.threads)
-    task = work / "task"
-    if not (task / "train.parquet").exists():
-        run_logged(["hybridflow", "data", "arithmetic", "--out", str(task)], work / "data.log", env)
+    task = main_job_task(work, env)
     common = [f"trainer.seed={args.seed}", "trainer.test_freq=8", "trainer.logger=[jsonl]",
               f"data.train_files=[{task / 'train.parquet'}]", f"data.val_files=[{task / 'test.parquet'}]",
               f"actor_rollout_ref.model.path={args.model}"]

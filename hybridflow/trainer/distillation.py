@@ -13,7 +13,7 @@ def distill_advantages(batch: DataProto, dist: DistillationConfig) -> dict[str, 
     """In place: ``advantages`` ← w·A (as a loss term), or w·A − c·D(ℓ_old, ℓ_teacher) per token
     (``use_policy_gradient``). Returns ``distill/token_reward_mean`` when folded."""
     td, loss = batch.batch, dist.distillation_loss
-    weight = float(dist.reward_weight if dist.reward_weight is not None else 1.0)
+    weight = float(dist.reward_weight)  # resolved at load: never null here
     if not loss.use_policy_gradient:
         if weight != 1.0:
             td[F.ADVANTAGES] = td[F.ADVANTAGES] * weight

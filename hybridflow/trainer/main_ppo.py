@@ -204,13 +204,15 @@ def build_reward_fns(config: PPOConfig, tokenizer, judge_address: str | None = N
 
 
 def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> WorkerGroups:
-    """Actor + rollout (+ reference) colocated per rank; the critic with them (default) or in
-    its own processes (``trainer.critic_placement=separate``); the rollout in its own processes
-    for asynchronous training on Ray."""
+    """Actor + rollout (+ reference, + distillation teacher) colocated per rank; the critic with
+    them (default) or in its own processes (``trainer.critic_placement=separate``); the rollout in
+    its own processes for asynchronous training on Ray; the teacher in its own with
+    ``distillation.teacher_model.enable_resource_pool``."""
     trainer = config.trainer
     device = resolve_device(trainer.device)
     # use_gpu: on Ray each rank gets its own GPU (CUDA_VISIBLE_DEVICES); the local backend ignores it
-    pool = ResourcePool([trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=device == "cuda")
+    trainer_shape = [trainer.n_gpus_per_node] * trainer.nnodes
+    pool = ResourcePool(trainer_shape, use_gpu=device == "cuda")
     if trainer.backend == "ray":
         from hybridflow.controller.ray_backend import init_ray
 
@@ -227,8 +229,8 @@ def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> W
     )
     teacher_spec = ClassWithInitArgs(TeacherWorker, config.distillation, arr, device=device,
                                      student_tokenizer=config.data.tokenizer)
-    teacher_own_pool = config.distillation.teacher_model.enable_resource_pool
-    if config.distillation.enabled and not teacher_own_pool:  # a role in the actor's processes, like the reference
+    t = config.distillation.teacher_model
+    if config.distillation.enabled and not t.enable_resource_pool:  # in the actor's processes, like the reference
         roles_spec["teacher"] = teacher_spec
     critic_spec = ClassWithInitArgs(
         CriticWorker, config.critic, rollout_n=arr.rollout.n, total_training_steps=total_steps,
@@ -246,28 +248,28 @@ def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> W
     owners, critic, teacher = [group], roles.get("critic"), roles.get("teacher")
     rollout_group = roles.get("rollout")
     if separate_rollout:
-        rollout_pool = ResourcePool([trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=device == "cuda")
-        rollout_group = create_worker_group(trainer.backend, rollout_pool, rollout)
-        rollout_group.init_model()
+        rollout_group = own_worker_group(trainer.backend, trainer_shape, rollout, device)
         owners.append(rollout_group)
-    if config.distillation.enabled and teacher_own_pool:  # the teacher's own processes (Ray)
-        t = config.distillation.teacher_model
-        teacher = create_worker_group(trainer.backend, ResourcePool([t.n_gpus_per_node] * t.nnodes,
-                                                                    use_gpu=device == "cuda"), teacher_spec)
-        teacher.init_model()
+    if config.distillation.enabled and t.enable_resource_pool:  # the teacher's own processes (Ray)
+        teacher = own_worker_group(trainer.backend, [t.n_gpus_per_node] * t.nnodes, teacher_spec, device)
         owners.append(teacher)
     rm = build_reward_model_workers(config, device) if config.reward_model.enable and not serves_judge(config) else None
     if rm is not None:
         owners.append(rm)
     if config.critic.enable and not colocate_critic:  # its own processes: a second resource pool
-        critic_pool = ResourcePool([trainer.n_gpus_per_node] * trainer.nnodes, use_gpu=device == "cuda")
-        critic = create_worker_group(trainer.backend, critic_pool, critic_spec)
-        critic.init_model()
+        critic = own_worker_group(trainer.backend, trainer_shape, critic_spec, device)
         owners.append(critic)
     return WorkerGroups(
         actor=roles["actor"], rollout=rollout_group, ref=roles.get("ref"), critic=critic, rm=rm, teacher=teacher,
         owners=owners,
     )
+
+
+def own_worker_group(backend: str, shape: list[int], spec: ClassWithInitArgs, device: str):
+    """A worker group in processes of its own (a resource pool of ``shape``), its model loaded."""
+    group = create_worker_group(backend, ResourcePool(shape, use_gpu=device == "cuda"), spec)
+    group.init_model()
+    return group
 
 
 def build_reward_model_workers(config: PPOConfig, device: str):
@@ -277,9 +279,7 @@ def build_reward_model_workers(config: PPOConfig, device: str):
     shape = [rm.n_gpus_per_node] * rm.nnodes if rm.enable_resource_pool else [trainer.n_gpus_per_node] * trainer.nnodes
     spec = ClassWithInitArgs(RewardModelWorker, rm, policy_tokenizer=config.data.tokenizer or config.actor_rollout_ref.model.path,
                              device=device)
-    group = create_worker_group(trainer.backend, ResourcePool(shape, use_gpu=device == "cuda"), spec)
-    group.init_model()
-    return group
+    return own_worker_group(trainer.backend, shape, spec, device)
 
 
 def build_trainer(config: PPOConfig) -> PPOTrainer:

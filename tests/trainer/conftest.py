@@ -34,20 +34,25 @@ def tiny_overrides(task_dir: Path, run_dir: Path, model_dir: Path, *extra: str) 
     ]
 
 
-def cut_then_resume(train: Callable[[], Any], monkeypatch: pytest.MonkeyPatch, stop_at: int = 3) -> Any:
-    """``train()`` stopped by a KeyboardInterrupt as ``PPOTrainer.step`` reaches global step
-    ``stop_at`` (a simulated crash), then ``train()`` again unpatched (the resume); returns its result."""
+def cut_then_resume(
+    train: Callable[[], Any], monkeypatch: pytest.MonkeyPatch, stop_at: int = 3, trainer_cls: type | None = None,
+    method: str = "step",
+) -> Any:
+    """``train()`` stopped by a KeyboardInterrupt as ``trainer_cls.method`` (default
+    ``PPOTrainer.step``) runs at global step ``stop_at`` (a simulated crash), then ``train()``
+    again unpatched (the resume); returns its result."""
     from hybridflow.trainer.ppo_trainer import PPOTrainer
 
-    original_step = PPOTrainer.step
+    cls = trainer_cls if trainer_cls is not None else PPOTrainer
+    original = getattr(cls, method)
 
-    def crash(self, batch, more_batches=None):
+    def crash(self, *args, **kwargs):
         if self.global_steps == stop_at:
             raise KeyboardInterrupt("simulated stop")
-        return original_step(self, batch, more_batches)
+        return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(PPOTrainer, "step", crash)
+    monkeypatch.setattr(cls, method, crash)
     with pytest.raises(KeyboardInterrupt):
         train()
-    monkeypatch.setattr(PPOTrainer, "step", original_step)
+    monkeypatch.setattr(cls, method, original)
     return train()

@@ -12,7 +12,7 @@ import pytest
 from hybridflow.config import ConfigError, load_config
 from hybridflow.trainer.main_ppo import run
 from hybridflow.trainer.ppo_trainer import PPOTrainer
-from tests.trainer.conftest import tiny_overrides
+from tests.trainer.conftest import cut_then_resume, tiny_overrides
 
 SYNC_EQUIVALENT = (  # the synchronous run that staleness 0 must equal: bypass, a rollout copy
     "actor_rollout_ref.rollout.calculate_log_probs=true",
@@ -84,18 +84,8 @@ def test_a_resumed_one_step_off_run_trains_no_prompt_twice(tiny_task_dir, tmp_pa
     full = _train(tiny_task_dir, tmp_path / "full", tiny_model_dir, *extra)
     from hybridflow.trainer.asynchronous import AsyncPPOTrainer
 
-    original = AsyncPPOTrainer.async_step
-
-    def crash_at_three(self):
-        if self.global_steps == 3:
-            raise KeyboardInterrupt("simulated stop")
-        return original(self)
-
-    monkeypatch.setattr(AsyncPPOTrainer, "async_step", crash_at_three)
-    with pytest.raises(KeyboardInterrupt):
-        _train(tiny_task_dir, tmp_path / "cut", tiny_model_dir, *extra)
-    monkeypatch.setattr(AsyncPPOTrainer, "async_step", original)
-    cut = _train(tiny_task_dir, tmp_path / "cut", tiny_model_dir, *extra)
+    cut = cut_then_resume(lambda: _train(tiny_task_dir, tmp_path / "cut", tiny_model_dir, *extra), monkeypatch,
+                          trainer_cls=AsyncPPOTrainer, method="async_step")
     assert [r["training/global_step"] for r in cut] == [1, 2, 3, 4]
     # steps 1-2 are the same run; step 3's batch is the same prompts (same uids and seed), generated again
     assert _comparable(cut)[:2] == _comparable(full)[:2]
@@ -156,17 +146,7 @@ def test_a_one_step_off_run_on_ray_resumes(ray_session, tiny_task_dir, tmp_path,
 
     extra = ("async_training.mode=one_step_off", "trainer.backend=ray", "trainer.total_training_steps=3",
              "trainer.save_freq=2", "trainer.val_before_train=false")
-    original = AsyncPPOTrainer.async_step
-
-    def crash_at_three(self):
-        if self.global_steps == 3:
-            raise KeyboardInterrupt("simulated stop")
-        return original(self)
-
-    monkeypatch.setattr(AsyncPPOTrainer, "async_step", crash_at_three)
-    with pytest.raises(KeyboardInterrupt):
-        _train(tiny_task_dir, tmp_path / "run", tiny_model_dir, *extra)
-    monkeypatch.setattr(AsyncPPOTrainer, "async_step", original)
-    rows = _train(tiny_task_dir, tmp_path / "run", tiny_model_dir, *extra)
+    rows = cut_then_resume(lambda: _train(tiny_task_dir, tmp_path / "run", tiny_model_dir, *extra), monkeypatch,
+                           trainer_cls=AsyncPPOTrainer, method="async_step")
     assert [r["training/global_step"] for r in rows] == [1, 2, 3]
     assert rows[-1]["weight_sync/version"] == 3 and rows[-1]["fully_async/staleness/max"] <= 1
