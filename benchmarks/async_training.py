@@ -34,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
+    HYBRIDFLOW,
     child_env, describe_machine, hardware_facts, machine_facts, main_job_task, run_logged, write_json,
 )
 
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for mode in args.modes.split(","):
         run_dir = work / mode
-        cmd = ["hybridflow", "train", f"trainer.seed={args.seed}", f"trainer.total_training_steps={args.steps}",
+        cmd = [*HYBRIDFLOW, "train", f"trainer.seed={args.seed}", f"trainer.total_training_steps={args.steps}",
                "trainer.test_freq=8", f"trainer.default_local_dir={run_dir}", "trainer.logger=[jsonl]",
                f"data.train_files=[{task / 'train.parquet'}]", f"data.val_files=[{task / 'test.parquet'}]",
                *MODES[mode]]

@@ -470,11 +470,16 @@ def side_main(run: Callable[["BenchSettings"], dict[str, Any]], doc: str | None,
 
 
 # ---------------------------------------------------------------------------- CLI pipelines
+# The CLI through the running interpreter: the ``hybridflow`` script need not be on PATH (a
+# virtualenv that is not activated), and the command runs the same Python as its caller.
+HYBRIDFLOW = [sys.executable, "-m", "hybridflow.cli"]
+
+
 def main_job_task(work: Path, env: dict[str, str]) -> Path:
     """The main job's arithmetic task (same generator and defaults) in ``work/task``, written once."""
     task = work / "task"
     if not (task / "train.parquet").exists():
-        run_logged(["hybridflow", "data", "arithmetic", "--out", str(task)], work / "data.log", env)
+        run_logged([*HYBRIDFLOW, "data", "arithmetic", "--out", str(task)], work / "data.log", env)
     return task
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
+    HYBRIDFLOW,
     child_env, describe_machine, hardware_facts, machine_facts, main_job_task, run_logged, write_json,
 )
 
@@ -105,10 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     #    plain-GRPO baseline, so it runs in every invocation (same machine state as the others)
     teacher_run, teacher_hf = work / "teacher_run", work / "teacher_hf"
     shutil.rmtree(teacher_run, ignore_errors=True)
-    wall = run_logged(["hybridflow", "train", *common, f"trainer.total_training_steps={args.teacher_steps}",
+    wall = run_logged([*HYBRIDFLOW, "train", *common, f"trainer.total_training_steps={args.teacher_steps}",
                        f"trainer.save_freq={args.teacher_steps}", f"trainer.default_local_dir={teacher_run}"],
                       work / "teacher.log", env)
-    run_logged(["hybridflow", "export", "merge", "--local_dir", str(teacher_run / f"global_step_{args.teacher_steps}"),
+    run_logged([*HYBRIDFLOW, "export", "merge", "--local_dir", str(teacher_run / f"global_step_{args.teacher_steps}"),
                 "--target_dir", str(teacher_hf)], work / "export.log", env)
     results: dict[str, dict] = {"grpo_teacher": summarize(_rows(teacher_run), wall, rows_per_step)}
 
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, (teacher, extra) in runs.items():
         run_dir = work / f"{name}_{args.loss}"
         shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run, not a resume of an earlier one
-        cmd = ["hybridflow", "train", *common, f"trainer.total_training_steps={args.steps}",
+        cmd = [*HYBRIDFLOW, "train", *common, f"trainer.total_training_steps={args.steps}",
                f"trainer.default_local_dir={run_dir}", "distillation.enabled=true",
                f"distillation.teacher_model.model_path={teacher}", "distillation.reward_weight=0", *LOSSES[args.loss],
                *extra]

@@ -107,7 +107,7 @@ def main() -> None:
     diff = (results["packed"] - results["padded"]).abs().max().item()
     print(f"{args.rows} rows in micro-batches of {args.micro}, {dtype}, attention {base}: {real} real tokens, "
           f"~{computed} computed when padded (each micro-batch cut to its longest row)")
-    print(f"| padded s | packed s | padded / packed | max log-prob diff |")
+    print("| padded s | packed s | padded / packed | max log-prob diff |")
     print(f"| {best['padded']:.2f} | {best['packed']:.2f} | **{best['padded'] / best['packed']:.2f}×** | {diff:.1e} |")
 
 

@@ -6,6 +6,7 @@ tests/trainer/test_distillation_training.py)."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -24,4 +25,8 @@ def test_teacher_and_distillation_run_and_report(tiny_model_dir: Path, tmp_path:
     assert set(results) == {"grpo_teacher", "distill"}
     assert (tmp_path / "work" / "teacher_hf" / "config.json").exists()
     assert [step for step, _ in results["distill"]["val"]] == [0, 2]
-    assert results["distill"]["kl"][0] != 0.0 and results["distill"]["samples_per_s"] > 0
+    # finite, not non-zero: a tiny random teacher scores 0 on every prompt, so its two GRPO steps
+    # move it only by weight decay (~3e-7 relative), below bf16's resolution where dtype=auto picks
+    # bf16 — its KL to the student can be exactly 0 on such a CPU (a flake on the AMX kind)
+    kl = results["distill"]["kl"]
+    assert len(kl) == 2 and all(math.isfinite(v) for v in kl) and results["distill"]["samples_per_s"] > 0

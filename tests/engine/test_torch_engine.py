@@ -13,6 +13,7 @@ from hybridflow.algorithms.aggregation import agg_loss
 from hybridflow.engine import ENGINES, MicroBatchSpec, TorchEngine
 from hybridflow.engine.forward import response_log_probs
 from hybridflow.models.tiny import build_tiny_model
+from tests.numerics import TINY_DEPTH, TINY_WIDTH, assert_close_across
 
 
 def _policy_gradient_loss(batch_tokens: torch.Tensor, outputs, micro):
@@ -35,10 +36,10 @@ def test_gradients_do_not_depend_on_the_split(make_rollout_batch, spec) -> None:
     whole, whole_metrics = _grads_after(MicroBatchSpec(size=8), batch)
     split, split_metrics = _grads_after(spec, batch)
     assert len(split_metrics) > 1
-    for name, grad in whole.items():
-        torch.testing.assert_close(split[name], grad, rtol=0, atol=1e-6, msg=name)
+    # a split re-orders the sums over tokens: fp32 tolerance of the tiny model's forward + backward
     total = sum(float(m["loss"]) for m in split_metrics)
-    assert total == pytest.approx(float(whole_metrics[0]["loss"]), abs=1e-6)
+    assert_close_across([split, total], [whole, float(whole_metrics[0]["loss"])], dtype=torch.float32,
+                        reduction_size=TINY_WIDTH, depth=TINY_DEPTH, what="split vs whole")
 
 
 def test_optimizer_step_clips_and_reports_pre_clip_norm() -> None:

@@ -17,6 +17,7 @@ from hybridflow.engine.inference import make_plan
 from hybridflow.trainer.model_merger import merge_checkpoint
 from hybridflow.engine.fsdp_checkpoint import FSDP_META_FILE, read_full_model_state
 from hybridflow.workers.actor import ActorWorker
+from tests.numerics import TINY_DEPTH, TINY_WIDTH, assert_close_across
 from tests.scale.fsdp_workers import ProbeActorWorker
 
 pytestmark = pytest.mark.ray
@@ -81,10 +82,12 @@ def test_dp2_update_equals_dp1_update(dp2, batch, make_config) -> None:
     )
     m1 = dp1.update_actor(batch).meta_info["metrics"]
     m2 = dp2.update_actor(batch).meta_info["metrics"]
-    # the global gradient norm is measured over the sharded gradients: the same on both ranks and as DP=1
-    assert m2["actor/grad_norm"] == pytest.approx([m1["actor/grad_norm"]] * 2, rel=1e-5)
-    # each rank's loss is its share × dp_size: their mean is the mini-batch loss
-    assert sum(m2["actor/pg_loss"]) / 2 == pytest.approx(m1["actor/pg_loss"], abs=1e-6)
+    # the global gradient norm is measured over the sharded gradients: the same on both ranks and
+    # as DP=1; each rank's loss is its share × dp_size, their mean the mini-batch loss. Other
+    # processes, another split of the batch: the fp32 tolerance of the tiny model.
+    assert_close_across([*m2["actor/grad_norm"], sum(m2["actor/pg_loss"]) / 2],
+                        [m1["actor/grad_norm"]] * 2 + [m1["actor/pg_loss"]], dtype=torch.float32,
+                        reduction_size=TINY_WIDTH, depth=TINY_DEPTH, what="DP=2 vs DP=1")
 
     expected = dict(dp1.engine.iter_sync_weights())
     rank0, rank1 = dp2.synced_weights()
@@ -124,6 +127,7 @@ def test_sharded_checkpoint_round_trip(dp2, batch, tmp_path: Path) -> None:
     after_first = dp2.synced_weights()[0]
     dp2.load_checkpoint(str(ckpt))
     assert all(torch.equal(t, saved[n]) for n, t in dp2.synced_weights()[0].items())
+    # bitwise by construction: the same two ranks, the same state and batch, the same kernels
     second = dp2.update_actor(batch).meta_info["metrics"]  # same optimizer state, same lr step
     assert second["actor/lr"] == first["actor/lr"] and second["actor/grad_norm"] == first["actor/grad_norm"]
     for name, tensor in dp2.synced_weights()[0].items():

@@ -16,6 +16,8 @@ from hybridflow.models.tiny import save_tiny_model
 from hybridflow.trainer.main_ppo import run
 from hybridflow.trainer.ppo_trainer import PPOTrainer
 
+from tests.numerics import TINY_DEPTH, TINY_WIDTH, assert_close_across
+
 from .conftest import cut_then_resume, tiny_overrides
 
 
@@ -64,6 +66,8 @@ def test_reverse_kl_term_against_the_initial_student_is_the_kl_loss(tiny_task_di
                                "distillation.distillation_loss.distillation_loss_coef=0.5",
                                "distillation.distillation_loss.loss_max_clamp=null",
                                "distillation.distillation_loss.log_prob_min_clamp=null"))
+    # bitwise by construction: one process, the teacher is the reference's forward pass on the same
+    # weights and the k3 term the same function over the same tensors
     assert [r["distill/loss"] for r in distill] == [r["actor/kl_loss"] for r in kl]
     assert kl[-1]["actor/kl_loss"] > 0  # the policy has moved away from its start
     skip = ("timing_s/", "perf/", "distill/", "actor/kl_loss")
@@ -198,8 +202,12 @@ def test_a_teacher_on_ray_trains_like_the_in_process_one(
                        "distillation.teacher_model.n_gpus_per_node=1", "distillation.teacher_model.nnodes=1")
     colocated = _train(tiny_task_dir, tmp_path / "ray_colocated", tiny_model_dir, *extra, "trainer.backend=ray")
     skip = ("timing_s/", "perf/")
-    assert [_without(r, skip) for r in own_group] == [_without(r, skip) for r in local]
-    assert [_without(r, skip) for r in colocated] == [_without(r, skip) for r in local]
+    # Ray's worker processes run other thread counts (and so other kernel orders) than this one:
+    # fp32 tolerance of the tiny model through two training steps
+    expected = [_without(r, skip) for r in local]
+    for name, rows in (("own pool", own_group), ("colocated", colocated)):
+        assert_close_across([_without(r, skip) for r in rows], expected, dtype=torch.float32,
+                            reduction_size=TINY_WIDTH, depth=2 * TINY_DEPTH, what=name)
     assert "timing_s/teacher" in own_group[0]
 
 

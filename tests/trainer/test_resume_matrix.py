@@ -164,6 +164,8 @@ def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 def _assert_same_run(resumed: Path, uninterrupted: tuple[list[dict], dict[str, torch.Tensor]]) -> None:
     rows, weights = uninterrupted
+    # bitwise by construction: both runs in this process, same kernels and thread count, and an
+    # exact resume restores every weight, optimizer moment and RNG state the next step reads
     assert [r["step"] for r in _rows(resumed)] == [1, 2, 3]
     assert _rows(resumed) == rows
     got = _weights(resumed)
@@ -267,6 +269,8 @@ def test_ray_two_ranks_resume_bit_for_bit(ray_session, monkeypatch, tiny_task_di
     full_dir, run_dir = tmp_path / "full", tmp_path / "run"
     run(_config(tiny_task_dir, full_dir, tiny_model_dir, *extra))
     _crash_and_resume(monkeypatch, crash_between_log_and_commit, run_dir, _config(tiny_task_dir, run_dir, tiny_model_dir, *extra))
+    # bitwise by construction: both runs on the same layout (two Ray ranks with the same thread
+    # counts, the same kernels and the same reduction order); an exact resume restores all state
     assert _rows(run_dir) == _rows(full_dir) and [r["step"] for r in _rows(run_dir)] == [1, 2, 3]
     a, b = (read_full_model_state(d / "global_step_3" / "actor") for d in (full_dir, run_dir))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -102,6 +102,8 @@ def test_stop_and_resume_equals_an_uninterrupted_run(tiny_model_dir, sft_files, 
     resumed = _fit(_config(tiny_model_dir, files, tmp_path / "b", *extra))
 
     assert resumed.global_step == uninterrupted.global_step == 5
+    # bitwise by construction: both runs in this process with the same kernels; an exact resume
+    # restores every weight, optimizer moment, data position and RNG state
     a, b = uninterrupted.engine.module.state_dict(), resumed.engine.module.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     saved_a = load_file(tmp_path / "a" / "global_step_5" / "actor" / "model.safetensors")

@@ -9,6 +9,7 @@ from hybridflow import fields as FK
 from hybridflow.algorithms.utils import masked_mean
 from hybridflow.workers.actor import ActorWorker
 from hybridflow.workers.shared_policy import withdraw_policy
+from tests.numerics import TINY_DEPTH, TINY_WIDTH, assert_close_across
 
 
 def _actor(cfg) -> ActorWorker:
@@ -67,9 +68,10 @@ def test_update_gradients_do_not_depend_on_the_micro_batch_split(make_config, ma
     data.union(_actor(make_config(*extra)).compute_log_prob(data).select(batch_keys=[FK.OLD_LOG_PROBS]))
     whole = _grads_of_first_step(_actor(make_config(*extra)), data, monkeypatch)
     parts = _grads_of_first_step(_actor(make_config(*extra, *split)), data, monkeypatch)
-    assert whole.keys() == parts.keys() and whole
-    for name, grad in whole.items():
-        torch.testing.assert_close(parts[name], grad, rtol=0, atol=1e-6, msg=name)
+    assert whole
+    # a split re-orders the sums over tokens: fp32 tolerance of the tiny model's forward + backward
+    assert_close_across(parts, whole, dtype=torch.float32, reduction_size=TINY_WIDTH, depth=TINY_DEPTH,
+                        what="gradients")
 
 
 def test_update_metrics_have_verl_names_and_split_invariant_values(make_config, make_rollout_batch) -> None:
@@ -80,9 +82,12 @@ def test_update_metrics_have_verl_names_and_split_invariant_values(make_config, 
     whole = _actor(make_config(*overrides)).update_actor(data).meta_info["metrics"]
     split = _actor(make_config(*overrides, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")).update_actor(data)
     split = split.meta_info["metrics"]
-    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss",
-                "actor/grad_norm", "actor/lr", "actor/pg_clipfrac_lower"):
-        assert whole[key] == pytest.approx(split[key], abs=1e-6), key
+    keys = ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss",
+            "actor/grad_norm", "actor/lr", "actor/pg_clipfrac_lower")
+    # a micro-batch split re-orders the sums over tokens (and the kernels under them): fp32 tolerance
+    # of the tiny model's widest sum (its MLP, 256) through its forward and backward passes
+    assert_close_across({k: split[k] for k in keys}, {k: whole[k] for k in keys}, dtype=torch.float32,
+                        reduction_size=TINY_WIDTH, depth=TINY_DEPTH, what="split vs whole")
     assert whole["actor/lr"] == pytest.approx(1e-3)
     assert whole["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)  # first step: ℓ = ℓ_old
     # low_var_kl of d = ℓ_ref − ℓ = −0.1 on every valid token: e^d − d − 1

@@ -9,6 +9,7 @@ import torch
 
 from hybridflow import fields as FK
 from hybridflow.workers.critic import CriticWorker
+from tests.numerics import TINY_DEPTH, TINY_WIDTH, assert_close_across
 
 
 def _critic(cfg) -> CriticWorker:
@@ -43,9 +44,11 @@ def test_metrics_are_split_invariant(make_config, make_rollout_batch) -> None:
     split = _critic(make_config(*base, "critic.ppo_micro_batch_size_per_gpu=2")).update_critic(data).meta_info["metrics"]
     tokens = _critic(make_config(*base, "critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=22"))
     tokens = tokens.update_critic(data).meta_info["metrics"]
-    for key in ("critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/vpred_mean"):
-        assert split[key] == pytest.approx(whole[key], abs=1e-6), key
-        assert tokens[key] == pytest.approx(whole[key], abs=1e-6), key
+    keys = ("critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/vpred_mean")
+    # micro-batch and token-budget splits re-order the sums: fp32 tolerance of the tiny model
+    for name, other in (("micro-batches of 2", split), ("token budget", tokens)):
+        assert_close_across({k: other[k] for k in keys}, {k: whole[k] for k in keys}, dtype=torch.float32,
+                            reduction_size=TINY_WIDTH, depth=TINY_DEPTH, what=name)
     assert 0 < whole["critic/vf_clipfrac"] < 1
     assert whole["critic/lr"] == pytest.approx(1e-5)
 

@@ -40,6 +40,8 @@ def test_staleness_zero_trains_exactly_the_synchronous_run(tiny_task_dir, tmp_pa
     sync = _train(tiny_task_dir, tmp_path / "sync", tiny_model_dir, *SYNC_EQUIVALENT)
     zero = _train(tiny_task_dir, tmp_path / "zero", tiny_model_dir, "async_training.mode=fully_async",
                   "async_training.staleness_threshold=0")
+    # bitwise by construction: one process; the rollouter thread runs the same kernels with the
+    # same intra-op thread count (torch's thread count is process-wide) on the same weights
     assert _comparable(zero) == _comparable(sync)
     assert all(r["fully_async/staleness/max"] == 0 and r["fully_async/dropped_samples"] == 0 for r in zero)
 
