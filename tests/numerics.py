@@ -92,3 +92,26 @@ def _compare(actual: Any, expected: Any, tol: Tolerance, where: str) -> None:
             _compare(a, e, tol, f"{where}[{i}]")
     else:
         assert actual == expected, f"{where}: {actual!r} != {expected!r}"
+
+
+def assert_greedy_tokens_match(actual: torch.Tensor, expected: torch.Tensor, expected_logits: torch.Tensor, *,
+                               dtype: torch.dtype, reduction_size: int, depth: int = 1,
+                               what: str = "greedy tokens") -> None:
+    """Greedy tokens of two backends ([B, T] each; ``expected_logits`` [B, T, V] the reference's
+    logits at each step). A row may part from the reference only at a step where the token
+    ``actual`` chose scores within :func:`tolerance` of the reference's best (scaled by the
+    largest logit): a near tie that another kernel order can break either way. From that step on
+    the two continue from different texts, so the row is compared up to it only."""
+    assert actual.shape == expected.shape, f"{what}: shapes {tuple(actual.shape)} vs {tuple(expected.shape)}"
+    tol = tolerance(dtype, reduction_size, depth=depth)
+    for row in range(actual.shape[0]):
+        differ = (actual[row] != expected[row]).nonzero()
+        if differ.numel() == 0:
+            continue
+        step = int(differ[0, 0])
+        logits = expected_logits[row, step].float()
+        gap = float(logits.max() - logits[int(actual[row, step])])
+        bound = tol.rtol * float(logits.abs().max()) + tol.atol
+        assert gap <= bound, (
+            f"{what}: row {row} parts from the reference at step {step} (token {int(actual[row, step])} vs "
+            f"{int(expected[row, step])}), whose logit is {gap:.3g} below the best: not a near tie (bound {bound:.3g})")

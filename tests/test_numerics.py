@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from tests.numerics import assert_close_across, tolerance
+from tests.numerics import assert_close_across, assert_greedy_tokens_match, tolerance
 
 
 def test_tolerance_by_hand():
@@ -44,3 +44,18 @@ def test_structures_recurse_and_non_floats_are_exact():
     assert_close_across(math.nan, math.nan, dtype=torch.float32, reduction_size=1)
     with pytest.raises(AssertionError):
         assert_close_across(torch.ones(3) * 1.01, torch.ones(3), dtype=torch.float32, reduction_size=64)
+
+
+def test_greedy_tokens_may_part_only_at_a_near_tie():
+    expected = torch.tensor([[5, 6, 7], [1, 2, 3]])
+    logits = torch.zeros(2, 3, 10)
+    logits[0, 1, 6], logits[0, 1, 9] = 10.0, 10.0 - 1e-6  # row 0, step 1: tokens 6 and 9 nearly tie
+    logits[1, 0, 1], logits[1, 0, 4] = 10.0, 9.0  # row 1, step 0: token 1 clearly best
+    for row, step, token in ((0, 0, 5), (0, 1, 6), (0, 2, 7), (1, 0, 1), (1, 1, 2), (1, 2, 3)):
+        logits[row, step, token] = max(float(logits[row, step, token]), 10.0)
+    near_tie = torch.tensor([[5, 9, 0], [1, 2, 3]])  # parts at the tie; what follows is not compared
+    assert_greedy_tokens_match(near_tie, expected, logits, dtype=torch.float32, reduction_size=256, depth=8)
+    assert_greedy_tokens_match(expected.clone(), expected, logits, dtype=torch.float32, reduction_size=1)
+    with pytest.raises(AssertionError, match="row 1 parts from the reference at step 0"):
+        assert_greedy_tokens_match(torch.tensor([[5, 6, 7], [4, 2, 3]]), expected, logits, dtype=torch.float32,
+                                   reduction_size=256, depth=8)
