@@ -38,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared helpers
 from common import (  # noqa: E402
+    HYBRIDFLOW,
     child_env, cpu_kind, describe_machine, hardware_facts, machine_facts, plot_unit_curves, run_logged, write_json,
 )
 
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     machine, hardware = machine_facts(), hardware_facts("auto", 512, threads)
     header = describe_machine(machine, hardware, threads)
     print("\n".join(header), flush=True)
-    exe = [sys.executable, "-m", "hybridflow.cli"]
+    exe = HYBRIDFLOW
     data = work / "data"
     train_size = args.prompts_per_step * max(args.steps, args.off_steps)
     walls = {}

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarks' shared helpers
-from common import child_env, cpu_kind, describe_machine, hardware_facts, machine_facts, run_logged, write_json  # noqa: E402
+from common import HYBRIDFLOW, child_env, cpu_kind, describe_machine, hardware_facts, machine_facts, run_logged, write_json  # noqa: E402
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 SOURCE = "hybridflow/arithmetic"
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     machine, hardware = machine_facts(), hardware_facts("auto", 512, threads)
     header = describe_machine(machine, hardware, threads)
     print("\n".join(header), flush=True)
-    exe = [sys.executable, "-m", "hybridflow.cli"]
+    exe = HYBRIDFLOW
     rm_path, rm = train_reward_model(exe, args, work, env)
     walls = dict(rm.pop("walls_s"))
     arith = work / "arith"
