@@ -7,7 +7,9 @@ Conversions allowed (everything else is a type error naming the key):
   (YAML reads ``off``/``yes`` as bools, which is almost always a mistake for a string key);
 * list keys accept a single item (``trainer.logger=console`` → ["console"]) and store tuples, so
   a frozen config stays immutable;
-* map keys accept any mapping.
+* map keys accept any mapping;
+* ``bool`` keys accept nothing but booleans (:func:`hybridflow.utils.booleans.parse_bool`, the
+  rule every boolean read from a file follows): a quoted ``"false"`` or a ``0`` is an error.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hybridflow.config.spec import describe_type, is_literal, union_args
+from hybridflow.utils.booleans import parse_bool
 
 
 class CoercionError(Exception):
@@ -86,8 +89,10 @@ def _coerce_tuple(value: Any, tp: Any) -> tuple[Any, ...]:
 
 def _coerce_scalar(value: Any, tp: Any) -> Any:
     if tp is bool:
-        if isinstance(value, bool):
-            return value
+        try:
+            return parse_bool(value, "value")  # the one strict rule for booleans; the key is named by the caller
+        except ValueError:
+            pass
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value

@@ -20,6 +20,7 @@ docs/sandbox.md for what each level guarantees.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -28,7 +29,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from hybridflow.utils.booleans import parse_bool
 from hybridflow.utils.errors import InputError
+
+logger = logging.getLogger(__name__)
 
 BWRAP = "bwrap"
 RLIMITS = "rlimits"
@@ -146,12 +150,26 @@ def _probe_bwrap() -> Isolation:
 
 
 def require_isolation(allow_weak: bool, what: str) -> Isolation:
-    """The detected isolation, or :class:`IsolationError` when it is weak and ``allow_weak`` is off."""
+    """The detected isolation, or :class:`IsolationError` when it is weak and ``allow_weak`` is off.
+
+    Weak isolation that was allowed is logged as a warning on every call, not once per process:
+    each sandbox built for a run (a tool, a code reward, ``hybridflow sandbox``, the trainer's
+    start-up check) says in that run's output that model-written code runs without the strong
+    sandbox, so an opt-in made once in a config file cannot go unnoticed later.
+    """
+    allow_weak = parse_bool(allow_weak, "allow_weak_isolation")  # a truthy "false" must not open the door
     isolation = detect_isolation()
-    if not isolation.strong and not allow_weak:
+    if isolation.strong:
+        return isolation
+    if not allow_weak:
         raise IsolationError(
             f"{what} runs untrusted code, and the strongest sandbox here is '{isolation.level}': "
             f"{isolation.detail}. Install bubblewrap, or accept process-level isolation explicitly "
             "(allow_weak_isolation=true / --allow-weak-isolation)."
         )
+    logger.warning(
+        "%s runs model-written code under WEAK isolation ('%s': %s) because allow_weak_isolation is true: "
+        "the code can read what this user can read, open network connections and write where this user "
+        "can. Install bubblewrap for the strong sandbox.", what, isolation.level, isolation.detail,
+    )
     return isolation

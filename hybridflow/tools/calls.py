@@ -3,8 +3,13 @@
 Everything that can go wrong in a call ends as text the model reads in a tool message, never
 as an exception that would end the rollout step: an unknown tool name, arguments that are not
 a JSON object, a tool that raises, a tool that does not finish in time, a tool whose
-``create`` fails. Long outputs are cut to ``max_tool_response_length`` characters on the
-configured side, so one chatty tool cannot eat the response budget.
+``create`` fails, a reward that is not a finite number. Long outputs are cut to
+``max_tool_response_length`` characters on the configured side, so one chatty tool cannot eat
+the response budget.
+
+Tool code never runs on the agent loop's event loop: ``create``, ``execute`` and ``release``
+run on the tool loop (:mod:`hybridflow.tools.tool_loop`), so the timeout holds even for a tool
+that blocks without awaiting.
 """
 
 from __future__ import annotations
@@ -12,11 +17,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from hybridflow.tools.base import BaseTool
+from hybridflow.tools.tool_loop import ToolTimeout, run_on_tool_loop
 
 logger = logging.getLogger(__name__)
 
@@ -75,8 +83,11 @@ class ToolSession:
     {"create_kwargs": {...}}}``; each tool's instance is created on its first call with its
     ``create_kwargs`` and released by :meth:`release`. Calls may run concurrently; an
     instance is created once even when two calls of the same tool start together.
-    ``timeout_s`` bounds one call (None: no bound); a sync tool running in a thread cannot be
-    stopped, only abandoned, so its own timeout (as the Python tool has) is the real guard.
+    ``timeout_s`` bounds each ``create``, ``execute`` and ``release`` (None: no bound): when it
+    fires, the call is an error for the model and the trajectory goes on, even when the tool
+    blocks without awaiting. Code that blocks cannot be killed, only abandoned (it runs on in
+    the tool loop's thread), so a tool doing unbounded work needs its own hard limit (the
+    python tool's sandbox, the calculator's size limits).
     """
 
     def __init__(
@@ -118,11 +129,13 @@ class ToolSession:
             return _error(f"the arguments of {name!r} {problem}; pass a JSON object such as {{\"x\": 1}}")
         try:
             instance_id = await self._instance(tool)
+        except ToolTimeout:
+            return _error(f"tool {name!r} could not start within {self.timeout_s:g} s")
         except Exception as exc:
             return _error(f"tool {name!r} could not start: {_describe(exc)}")
         try:
-            outcome = await asyncio.wait_for(tool.execute(instance_id, parameters), self.timeout_s)
-        except TimeoutError:
+            outcome = await run_on_tool_loop(partial(tool.execute, instance_id, parameters), self.timeout_s)
+        except ToolTimeout:
             return _error(f"tool {name!r} did not finish within {self.timeout_s:g} s")
         except Exception as exc:
             return _error(f"tool {name!r} failed: {_describe(exc)}")
@@ -131,6 +144,11 @@ class ToolSession:
             reward = float(reward)
         except (TypeError, ValueError):
             return _error(f"tool {name!r} returned {type(outcome).__name__}, not (text, reward, metrics)")
+        except OverflowError:  # an int such as 10**400
+            return _error(f"tool {name!r} returned a reward too large for a float, not a finite number")
+        if not math.isfinite(reward):
+            # a NaN or inf step reward would poison the trajectory's reward sum
+            return _error(f"tool {name!r} returned the reward {reward}, not a finite number")
         text = text if isinstance(text, str) else str(text)
         text = truncate_tool_text(text, self.max_tool_response_length, self.tool_response_truncate_side)
         return ToolCallResult(text=text, reward=reward, metrics=dict(metrics or {}))
@@ -141,7 +159,7 @@ class ToolSession:
             if tool.name not in self._instances:
                 instance_id = f"{self.trajectory_id}:{tool.name}"
                 create_kwargs = self.tools_kwargs.get(tool.name, {}).get("create_kwargs") or {}
-                await tool.create(instance_id, **create_kwargs)
+                await run_on_tool_loop(partial(tool.create, instance_id, **create_kwargs), self.timeout_s)
                 self._instances[tool.name] = instance_id
             return self._instances[tool.name]
 
@@ -149,8 +167,9 @@ class ToolSession:
         """Release every instance this trajectory created; a failing release is logged, not raised."""
         instances, self._instances = self._instances, {}
         for name, instance_id in instances.items():
+            tool = self.tools[name]
             try:
-                await self.tools[name].release(instance_id)
+                await run_on_tool_loop(partial(tool.release, instance_id), self.timeout_s)
             except Exception as exc:
                 logger.warning("releasing tool %r instance %s failed: %s", name, instance_id, _describe(exc))
 

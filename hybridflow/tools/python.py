@@ -4,8 +4,10 @@ Each call is one sandboxed run — a fresh interpreter in a private empty workin
 with the wall-clock, CPU, memory, process and output limits of
 :class:`~hybridflow.sandbox.limits.SandboxLimits` — under the strongest isolation the machine
 has (bubblewrap; see docs/sandbox.md). Where only process-level isolation exists, the tool
-refuses to start unless its config says ``allow_weak_isolation: true``. The model reads
-stdout, then stderr, then the exit status when it is not 0, or why the run was stopped.
+refuses to start unless its config says ``allow_weak_isolation: true`` — a real boolean: a
+quoted ``"false"``, ``"no"`` or a ``0`` is a start-up error naming the key, never read as
+true — and then warns each time it is built. The model reads stdout, then stderr, then the
+exit status when it is not 0, or why the run was stopped.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from hybridflow.sandbox.client import LocalSandbox
 from hybridflow.sandbox.executor import FINISHED, RunResult
 from hybridflow.sandbox.limits import SandboxLimits
 from hybridflow.tools.base import BaseTool, ToolOutput
+from hybridflow.utils.booleans import parse_bool
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MEMORY_LIMIT_MB = 512
@@ -58,7 +61,8 @@ class PythonTool(BaseTool):
         )
         self.sandbox = LocalSandbox(
             limits, max_concurrent=int(self.config.get("max_concurrent", 4)),
-            allow_weak_isolation=bool(self.config.get("allow_weak_isolation", False)), what="the python tool",
+            allow_weak_isolation=parse_bool(self.config.get("allow_weak_isolation", False), "allow_weak_isolation"),
+            what="the python tool",
         )
 
     def default_schema(self) -> dict[str, Any]:

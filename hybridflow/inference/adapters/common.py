@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hybridflow.utils.booleans import parse_bool
+
 if TYPE_CHECKING:  # keeps this module importable without torch
     import torch
 
@@ -192,7 +194,8 @@ def served_tensor_shapes(model_path: str | Path) -> dict[str, tuple[int, ...]] |
             for name in fh.keys():  # noqa: SIM118 - safe_open objects are not iterable
                 shapes[name] = tuple(fh.get_slice(name).get_shape())
     config = folder / "config.json"
-    tied = config.is_file() and bool(json.loads(config.read_text()).get("tie_word_embeddings", False))
+    tied = config.is_file() and parse_bool(json.loads(config.read_text()).get("tie_word_embeddings", False),
+                                           f"{config}: tie_word_embeddings")
     if tied and TIED_HEAD not in shapes and TIED_EMBEDDING in shapes:
         shapes[TIED_HEAD] = shapes[TIED_EMBEDDING]
     return shapes

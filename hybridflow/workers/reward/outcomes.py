@@ -2,8 +2,10 @@
 
 A scorer may return a real number or a dict with a real ``"score"``. Anything else (another
 type, a missing ``score``, NaN or ±inf — also after the cast to float32, the reward tensor's
-dtype, so ±1e300 counts as inf) is an error for that item, like an exception: the item
-scores 0 and is counted. Per-item flags ``reward_error`` / ``reward_timeout`` (1.0 or 0.0) go
+dtype, so ±1e300 counts as inf — or an integer too large for a float at all, like
+``10**400``) is an error for that item, like an exception: the item scores 0 and is counted.
+So is a dict whose other entries hold such an integer: the trainer turns those entries into
+floats for its metrics, where it would raise ``OverflowError``. Per-item flags ``reward_error`` / ``reward_timeout`` (1.0 or 0.0) go
 into the extra info of every batch; :func:`reward_fault_metrics` sums them into the step
 metrics ``reward/errors`` and ``reward/timeouts``.
 """
@@ -39,10 +41,39 @@ class ScoreOutcome:
     message: str = ""
 
 
+def _as_float(value: numbers.Real, what: str) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an int (or Fraction) beyond the float range: 10**400
+        raise ScoreTypeError(f"{what} is {_describe_large(value)}, too large to be a float") from None
+
+
+def _describe_large(value: numbers.Real) -> str:
+    """Words for a number too large for a float; its repr may be too long to print (or even to
+    make: Python refuses to turn an int of over 4300 digits into text)."""
+    if isinstance(value, int):
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    return f"a {type(value).__name__} beyond the float range"
+
+
+def _show(value: Any) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit for str()
+        return "(too long to show)"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_extra(key: Any, value: Any) -> None:
+    """Refuse a number in a dict result's other entries that cannot become a float."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        _as_float(value, f"the {key!r} entry")
+
+
 def _finite(value: Any, what: str) -> float:
     if not isinstance(value, numbers.Real):
-        raise ScoreTypeError(f"{what} must be a real number, got {type(value).__name__}: {value!r:.80}")
-    result = float(value)
+        raise ScoreTypeError(f"{what} must be a real number, got {type(value).__name__}: {_show(value)}")
+    result = _as_float(value, what)
     if not math.isfinite(result):
         raise ScoreTypeError(f"{what} is {result}, not a finite number")
     if abs(result) > FLOAT32_MAX:
@@ -59,6 +90,9 @@ def normalize_result(value: Any) -> tuple[float, dict[str, Any]]:
         if SCORE not in value:
             raise ScoreTypeError(f"scorer returned a dict without 'score' (keys: {sorted(value)})")
         score = _finite(value[SCORE], "the 'score' entry")
+        for key, extra in value.items():
+            if key != SCORE:
+                _check_extra(key, extra)
         return score, {**value, SCORE: score}
     return _finite(value, "the score"), {}
 
