@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from hybridflow import fields as F
+from hybridflow.workers.reward import scored_extra_floats
 
 SUMMED_SCORE_METRICS = ("score", "seq_reward")  # the response's summed token-level score
 SUMMED_REWARD_METRIC = "seq_final_reward"  # summed token-level reward (= score without KL in reward)
@@ -31,11 +32,8 @@ def response_metric(batch: Any, metric: str) -> np.ndarray:
             f"({', '.join(SUMMED_SCORE_METRICS + (SUMMED_REWARD_METRIC,))}) nor a key the scorer returned "
             f"(this batch has: {', '.join(sorted(batch.non_tensor_batch)) or 'none'})"
         )
-    values = batch.non_tensor_batch[metric]
-    try:
-        return np.asarray([float(v) for v in values], dtype=np.float64)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"algorithm.filter_groups.metric={metric!r}: the scorer's values are not numbers ({err})") from err
+    values = scored_extra_floats(batch.non_tensor_batch, metric, f"algorithm.filter_groups.metric={metric!r}")
+    return np.asarray(values, dtype=np.float64)
 
 
 def varied_group_rows(values: np.ndarray, uids: np.ndarray) -> tuple[np.ndarray, int]:

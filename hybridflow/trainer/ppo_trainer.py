@@ -62,7 +62,7 @@ from hybridflow.trainer.metrics import (
     validation_extra_metrics,
     validation_metrics,
 )
-from hybridflow.workers.reward import reward_fault_metrics
+from hybridflow.workers.reward import reward_fault_metrics, scored_extra_floats
 
 ROLLOUT_METRICS = "rollout_metrics"  # meta_info key: the rollout's metrics until the step collects them
 
@@ -473,7 +473,8 @@ class PPOTrainer:
                 f"algorithm.gdpo_reward_keys names {missing}, which the scorer did not return "
                 f"(the batch's columns: {sorted(extra)})"
             )
-        return torch.tensor([[float(v) for v in extra[k]] for k in keys], dtype=torch.float32).T
+        columns = [scored_extra_floats(extra, k, "algorithm.gdpo_reward_keys") for k in keys]
+        return torch.tensor(columns, dtype=torch.float32).T
 
     def update_critic(self, batch: DataProto) -> dict[str, float]:
         """7a: value-function update; returns critic/* metrics."""

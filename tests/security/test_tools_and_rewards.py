@@ -390,3 +390,18 @@ def test_the_batch_manager_counts_a_huge_reward_like_nan(tokenizer):
     assert reward.sum(-1).tolist() == [1.0, 0.0, 0.0, 0.0]
     assert info["reward_error"] == [0.0, 1.0, 1.0, 1.0]
     assert reward_fault_metrics(info)["reward/errors"] == 3.0
+
+
+def test_an_errored_item_counts_zero_in_a_scorer_column_and_a_silent_one_is_named():
+    """Attack: a scorer that raises (or returns ``10**400``) on some items while the trainer
+    reads one of its dict entries per item (``algorithm.filter_groups.metric``,
+    ``algorithm.gdpo_reward_keys``). The errored item has no entries (``None``); it used to stop
+    the trainer with ``float(None)``. Now it counts 0.0, as its score does; an item that scored
+    but left the entry out is refused with a message naming the key and the item."""
+    from hybridflow.workers.reward import REWARD_ERROR, REWARD_TIMEOUT, scored_extra_floats
+
+    info = {"acc": [1.0, None, None, True], REWARD_ERROR: [0.0, 1.0, 0.0, 0.0], REWARD_TIMEOUT: [0.0, 0.0, 1.0, 0.0]}
+    assert scored_extra_floats(info, "acc", "filter") == [1.0, 0.0, 0.0, 1.0]
+    info[REWARD_TIMEOUT][2] = 0.0  # item 2 scored, yet has no 'acc'
+    with pytest.raises(ValueError, match=r"filter: the scorer's 'acc' of item 2 is None, not a number"):
+        scored_extra_floats(info, "acc", "filter")

@@ -30,6 +30,7 @@ from hybridflow.workers.reward.outcomes import (
     ScoreOutcome,
     normalize_result,
     reward_fault_metrics,
+    scored_extra_floats,
 )
 from hybridflow.workers.reward.sandbox import DEFAULT_MEMORY_LIMIT_MB, ScorerSettings
 from hybridflow.workers.reward.scores import SCORERS, default_compute_score, default_compute_score_batch
@@ -72,4 +73,5 @@ __all__ = [
     "response_lengths",
     "reward_fault_metrics",
     "run_calls",
+    "scored_extra_floats",
 ]

@@ -119,6 +119,26 @@ def collect_extra_info(outcomes: list[ScoreOutcome]) -> dict[str, list[Any]]:
     return info
 
 
+def scored_extra_floats(extra_info: Any, key: str, what: str) -> list[float]:
+    """Per-item floats of the scorer's ``key`` entry (a multi-reward component, a filter metric).
+
+    An item whose scoring failed (error or timeout) has no entries: it counts 0.0, as its score
+    does. An item that scored but lacks the entry, or holds a non-number there, is refused with
+    a message naming ``what``."""
+    values = list(extra_info[key])
+    errors = list(extra_info.get(REWARD_ERROR, [0.0] * len(values)))
+    timeouts = list(extra_info.get(REWARD_TIMEOUT, [0.0] * len(values)))
+    out = []
+    for i, value in enumerate(values):
+        if value is None and (float(errors[i]) > 0 or float(timeouts[i]) > 0):
+            out.append(0.0)
+        elif isinstance(value, numbers.Real):
+            out.append(float(value))  # scoring refused entries too large for a float
+        else:
+            raise ValueError(f"{what}: the scorer's {key!r} of item {i} is {_show(value)}, not a number")
+    return out
+
+
 def reward_fault_metrics(reward_extra_info: dict[str, list[Any]]) -> dict[str, float]:
     """``{"reward/errors": n, "reward/timeouts": m}`` for one step's reward extra info."""
     return {
