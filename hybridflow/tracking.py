@@ -5,6 +5,9 @@ Backends (``trainer.logger``): ``console`` (one compact line per step), ``jsonl`
 and for comparing runs), ``tensorboard`` and ``wandb`` (optional dependencies; wandb runs in
 offline mode unless the user configured it otherwise).
 
+The run's config goes to the backends that record one (W&B) with its secrets redacted
+(:func:`hybridflow.config.secrets.redact`): API keys and tokens never reach a tracker.
+
 Resume: :meth:`Tracking.rewind` is called with the first step the resumed process will log,
 and each backend drops what it holds at or past that step — rows logged after the checkpoint
 by a run that crashed — so the resumed run's rows replace them instead of following them.
@@ -20,6 +23,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+
+from hybridflow.config.secrets import redact
 
 # The few metrics the console line shows, in this order, with short labels.
 CONSOLE_KEYS: tuple[tuple[str, str], ...] = (
@@ -161,7 +166,7 @@ class WandbBackend:
         except ImportError as e:
             raise ImportError("trainer.logger includes 'wandb' but wandb is not installed: pip install wandb") from e
         os.environ.setdefault("WANDB_MODE", "offline")
-        self._run = wandb.init(project=project, name=experiment, dir=str(run_dir), config=config)
+        self._run = wandb.init(project=project, name=experiment, dir=str(run_dir), config=redact(config))
 
     def log(self, data: Mapping[str, float], step: int) -> None:
         self._run.log(dict(data), step=step)
@@ -193,6 +198,7 @@ class Tracking:
         unknown = [b for b in backends if b not in BACKENDS]
         if unknown:
             raise ValueError(f"trainer.logger: unknown backend(s) {unknown}; valid: {list(BACKENDS)}")
+        self.config: dict[str, Any] = redact(config or {})  # what any backend may record of the run
         self.backends: dict[str, Backend] = {}
         for name in backends:
             if name == "console":
@@ -202,7 +208,7 @@ class Tracking:
             elif name == "tensorboard":
                 self.backends[name] = TensorboardBackend(run_dir)
             elif name == "wandb":
-                self.backends[name] = WandbBackend(project_name, experiment_name, run_dir, config or {})
+                self.backends[name] = WandbBackend(project_name, experiment_name, run_dir, self.config)
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
         clean = {k: f for k, v in data.items() if (f := _to_float(v)) is not None}

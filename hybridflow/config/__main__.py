@@ -1,6 +1,7 @@
 """``python -m hybridflow.config [--config FILE]... [key=value ...]``: print the resolved config as YAML.
 
-Exit status 2 with the list of problems when the config is invalid.
+Secrets (API keys, tokens, passwords; :mod:`hybridflow.config.secrets`) are printed as
+``<redacted>``. Exit status 2 with the list of problems when the config is invalid.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import yaml
 from hybridflow.config.build import to_dict
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.loader import load_config
+from hybridflow.config.secrets import redact
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2
-    sys.stdout.write(yaml.safe_dump(to_dict(cfg), sort_keys=False, allow_unicode=True))
+    sys.stdout.write(yaml.safe_dump(redact(to_dict(cfg)), sort_keys=False, allow_unicode=True))
     return 0
 
 

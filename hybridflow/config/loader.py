@@ -16,6 +16,7 @@ from hybridflow.config.build import PruneReport, apply, prune, to_dict
 from hybridflow.config.errors import ConfigError
 from hybridflow.config.ppo import PPOConfig
 from hybridflow.config.ppo_rules import finalize_ppo_config
+from hybridflow.config.secrets import REDACTED, redacted_secrets
 from hybridflow.config.sources import deep_merge, has_interpolation, merge_sources, resolve_interpolations
 from hybridflow.config.verl_compat import move_keys
 
@@ -31,6 +32,15 @@ def load_structured(root_cls: type[C], config_files: list[str] | None, overrides
     problem; verl-only keys are dropped with one ``ignored: ...`` warning line each.
     """
     tree = merge_sources(config_files, list(overrides))
+    placeholders = redacted_secrets(tree)
+    if placeholders:
+        # A config printed or logged by hybridflow has its secrets replaced; loading it back must
+        # not send the placeholder to a server as if it were the key.
+        raise ConfigError([
+            f"{path}: is {REDACTED!r}, the placeholder of a redacted config print-out, not a secret; give the "
+            "real value (your config file, an override, or ${oc.env:VARIABLE} to read it from the environment)"
+            for path in placeholders
+        ])
     if has_interpolation(tree):
         # Resolved before pruning, so verl-only keys are judged by their values, not "${...}".
         tree = _project(resolve_interpolations(deep_merge(to_dict(root_cls()), tree)), tree)

@@ -18,6 +18,7 @@ load error names the file.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import random
@@ -82,6 +83,29 @@ def fsync_tree(path: str | os.PathLike) -> None:
         fsync_dir(root)
 
 
+def file_sha256(path: str | os.PathLike, chunk_bytes: int = 1 << 20) -> str:
+    """The sha256 of a file's bytes as hex, read in chunks (a checkpoint of any size, little memory)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def pickle_refusal(err: pickle.UnpicklingError) -> str:
+    """What a file refused by a ``weights_only`` load is reported with (after its path).
+
+    torch's own message opens by suggesting ``weights_only=False``, the very thing that would run
+    the planted code, so the line naming the refused global is shown instead when there is one.
+    """
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    reason = next((line for line in lines if "GLOBAL" in line or "global" in line), lines[0] if lines else "")
+    return (
+        "refused: it holds Python objects other than tensors and plain containers, and loading them "
+        f"could run code ({reason or type(err).__name__})"
+    )
+
+
 def save_torch_data(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save`` to a temporary name, fsync, rename: a reader sees the old file or the whole new one."""
     path = Path(path)
@@ -103,11 +127,7 @@ def load_torch_data(path: str | os.PathLike) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CheckpointFileError(
-            path, f"refused: it holds Python objects other than tensors and plain containers, and loading them "
-            f"could run code ({first})"
-        ) from err
+        raise CheckpointFileError(path, pickle_refusal(err)) from err
     except (RuntimeError, EOFError, OSError, ValueError) as err:  # zip reader errors of a truncated file
         raise CheckpointFileError(path, f"damaged or truncated ({type(err).__name__}: {err})") from err
 

@@ -82,10 +82,16 @@ def check_finite_logits(logits: torch.Tensor) -> None:
     """
     bad = nonfinite_rows(logits)
     if bool(bad.any()):
-        raise NonFiniteLogitsError(
-            f"the model produced non-finite logits (NaN or inf) for {int(bad.sum())} of {bad.numel()} rows; "
-            "the model is broken (check its weights), no token can be sampled"
-        )
+        raise NonFiniteLogitsError(nonfinite_message(int(bad.sum()), bad.numel(), "no token can be sampled"))
+
+
+def nonfinite_message(bad_rows: int, rows: int, consequence: str) -> str:
+    """The one message for a model whose logits are NaN / inf, wherever it is found (sampling,
+    SFT or reward-model training); ``consequence`` says what cannot be done with it."""
+    return (
+        f"the model produced non-finite logits (NaN or inf) for {bad_rows} of {rows} rows; "
+        f"the model is broken (check its weights), {consequence}"
+    )
 
 
 def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

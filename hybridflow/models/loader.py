@@ -2,19 +2,23 @@
 
 Options mirror ``actor_rollout_ref.model.*``: dtype, gradient checkpointing and LoRA (peft).
 Everything is read with ``local_files_only=True``: a missing file fails at once instead of
-trying the hub. Tied input/output embeddings (SmolLM2) stay tied: we never untie them, and
+trying the hub. Weights in pickle files (``pytorch_model.bin``) are read by transformers with
+``weights_only=True``; a file holding anything but tensors is refused with the checkpoint
+loader's message naming it (:func:`weights_load_error`), never unpickled. Tied input/output embeddings (SmolLM2) stay tied: we never untie them, and
 peft's ``all-linear`` leaves the LM head alone.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from hybridflow.engine.checkpoint import pickle_refusal
 from hybridflow.models.sources import resolve_model_path
 from hybridflow.utils.errors import InputError
 
@@ -28,6 +32,21 @@ DTYPES: dict[str, torch.dtype] = {
 
 class ModelLoadError(InputError, RuntimeError):
     """A model folder exists but its contents cannot be loaded (corrupt or incomplete files)."""
+
+
+# What transformers' loaders raise for a folder whose weights cannot be read: a damaged
+# safetensors file, a missing one, a bad config, a pickle refused by its weights_only load.
+WEIGHT_LOAD_ERRORS: tuple[type[BaseException], ...] = (SafetensorError, OSError, ValueError, pickle.UnpicklingError)
+
+
+def weights_load_error(folder: str | os.PathLike, err: BaseException, what: str = "model weights") -> ModelLoadError:
+    """The one-line error for ``err`` raised while loading ``folder``'s weights. A refused pickle
+    names the pickle file(s) and says why, as a refused checkpoint file is reported."""
+    if isinstance(err, pickle.UnpicklingError):
+        pickles = sorted(Path(folder).glob("*.bin")) or sorted(Path(folder).glob("*.pt"))
+        where = ", ".join(str(p) for p in pickles) if pickles else str(folder)
+        return ModelLoadError(f"{where}: {pickle_refusal(err)}")
+    return ModelLoadError(f"could not load {what} from {folder}: {err}")
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -99,8 +118,8 @@ def load_causal_lm(
         model = AutoModelForCausalLM.from_pretrained(
             folder, dtype=torch_dtype, local_files_only=True, trust_remote_code=trust_remote_code, **extra
         )
-    except (SafetensorError, OSError, ValueError) as err:
-        raise ModelLoadError(f"could not load model weights from {folder}: {err}") from err
+    except WEIGHT_LOAD_ERRORS as err:
+        raise weights_load_error(folder, err) from err
     return model
 
 

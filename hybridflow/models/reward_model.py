@@ -20,11 +20,16 @@ import os
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
 
-from hybridflow.models.loader import ModelLoadError, load_tokenizer, parse_dtype
+from hybridflow.models.loader import (
+    WEIGHT_LOAD_ERRORS,
+    ModelLoadError,
+    load_tokenizer,
+    parse_dtype,
+    weights_load_error,
+)
 from hybridflow.models.sources import resolve_model_path
 
 HEAD_NAMES = ("score", "classifier")  # the 1-output head's attribute in HF *ForSequenceClassification classes
@@ -38,8 +43,8 @@ def _from_pretrained(folder: os.PathLike, dtype: str | torch.dtype, trust_remote
             folder, dtype=parse_dtype(dtype), local_files_only=True, trust_remote_code=trust_remote_code,
             **extra, **kwargs,
         )
-    except (SafetensorError, OSError, ValueError, KeyError) as err:
-        raise ModelLoadError(f"could not load a sequence-classification reward model from {folder}: {err}") from err
+    except (*WEIGHT_LOAD_ERRORS, KeyError) as err:
+        raise weights_load_error(folder, err, "a sequence-classification reward model") from err
 
 
 def load_reward_model(

@@ -11,16 +11,16 @@ import os
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 from torch import nn
 from transformers import AutoModel, PreTrainedModel, PreTrainedTokenizerBase
 
 from hybridflow.models.loader import (
-    ModelLoadError,
+    WEIGHT_LOAD_ERRORS,
     apply_lora,
     enable_gradient_checkpointing,
     load_tokenizer,
     parse_dtype,
+    weights_load_error,
 )
 from hybridflow.models.sources import resolve_model_path
 
@@ -79,8 +79,8 @@ def load_value_model(
         backbone: PreTrainedModel = AutoModel.from_pretrained(
             folder, dtype=parse_dtype(dtype), local_files_only=True, trust_remote_code=trust_remote_code, **extra
         )
-    except (SafetensorError, OSError, ValueError) as err:
-        raise ModelLoadError(f"could not load model weights from {folder}: {err}") from err
+    except WEIGHT_LOAD_ERRORS as err:
+        raise weights_load_error(folder, err) from err
     if gradient_checkpointing:
         enable_gradient_checkpointing(backbone)
     config = backbone.config

@@ -9,13 +9,15 @@
         critic/                             written by the critic worker group (if any)
         controller_state.json               controller state: step, dataloader position, KL
                                             controller, RNG streams (JSON: data, never code)
-        checkpoint_manifest.json            every file above with its size; written last
+        checkpoint_manifest.json            every file above with its size and sha256; written last
 
 A checkpoint is first written to ``global_step_N.partial/``; every file and folder in it is
 fsynced, the manifest is written, and the folder is renamed into place, so a crash or power
 loss mid-save never leaves a folder that looks complete. Resuming checks the manifest: a
-checkpoint whose files are missing or of the wrong size is reported and, under
-``resume_mode=auto``, skipped for the newest complete one.
+checkpoint whose files are missing, of the wrong size or of other content than was saved
+(bytes overwritten in place: a disk error, a bad copy) is reported naming the file and, under
+``resume_mode=auto``, skipped for the newest one that verifies. Checkpoints saved before the
+manifest recorded checksums are checked by size only, with a note.
 
 Checkpoints written before this format kept the controller state in a pickle (``data.pt``);
 they are refused with a message naming :mod:`hybridflow.trainer.checkpoint_upgrade`, the
@@ -37,7 +39,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from hybridflow.engine.checkpoint import fsync_dir, fsync_tree
+from hybridflow.engine.checkpoint import file_sha256, fsync_dir, fsync_tree
 from hybridflow.utils.errors import InputError
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
@@ -121,6 +123,8 @@ def drop_part(folder: Path, part: str) -> None:
         return
     manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
     manifest["files"] = {name: size for name, size in manifest["files"].items() if not name.startswith(f"{part}/")}
+    if isinstance(manifest.get("sha256"), dict):
+        manifest["sha256"] = {name: h for name, h in manifest["sha256"].items() if name in manifest["files"]}
     manifest["dropped"] = sorted(set(manifest.get("dropped", [])) | {part})
     atomic_write_text(manifest_file, json.dumps(manifest, indent=1) + "\n")
     shutil.rmtree(target, ignore_errors=True)
@@ -135,19 +139,31 @@ def dropped_parts(path: Path) -> list[str]:
 
 
 def write_manifest(folder: Path, step: int) -> None:
-    """``checkpoint_manifest.json``: every file under ``folder`` with its size in bytes."""
-    files = {
-        str(path.relative_to(folder)): path.stat().st_size
+    """``checkpoint_manifest.json``: every file under ``folder`` with its size in bytes and its
+    sha256 (read back once here, streamed: about a second per 500 MB)."""
+    names = [
+        path.relative_to(folder).as_posix()
         for path in sorted(folder.rglob("*"))
         if path.is_file() and path.name != MANIFEST_FILE
+    ]
+    manifest = {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "step": step,
+        "files": {name: (folder / name).stat().st_size for name in names},
+        "sha256": {name: file_sha256(folder / name) for name in names},
     }
-    manifest = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "step": step, "files": files}
     atomic_write_text(folder / MANIFEST_FILE, json.dumps(manifest, indent=1) + "\n")
 
 
-def verify_checkpoint(path: Path) -> None:
-    """Raise :class:`CheckpointError` naming the first missing or wrong-sized file of ``path``
-    (:class:`LegacyCheckpointError` for a checkpoint of the pickle format)."""
+def verify_checkpoint(path: Path, part: str | None = None) -> bool:
+    """Raise :class:`CheckpointError` naming the first missing, wrong-sized or altered file of
+    ``path`` (:class:`LegacyCheckpointError` for a checkpoint of the pickle format).
+
+    ``part`` (e.g. ``"actor"``) limits the check to the files under that sub-folder. Returns
+    True when the contents were compared with recorded checksums, False for a manifest written
+    before checksums were recorded (sizes only).
+    """
     manifest_file = path / MANIFEST_FILE
     if not manifest_file.is_file():
         if (path / LEGACY_CONTROLLER_STATE).is_file():
@@ -156,17 +172,48 @@ def verify_checkpoint(path: Path) -> None:
     try:
         manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
         files = manifest["files"]
+        hashes = manifest.get("sha256")
         ok = manifest.get("format") == CHECKPOINT_FORMAT and isinstance(files, dict)
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        ok = ok and (hashes is None or isinstance(hashes, dict))
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{manifest_file} is damaged ({type(err).__name__}: {err})") from err
     if not ok:
         raise CheckpointError(f"{manifest_file} is not a hybridflow checkpoint manifest")
-    for name, size in files.items():
+    names = [name for name in files if part is None or name.startswith(f"{part}/")]
+    for name in names:  # sizes first: a missing or cut file is found without reading anything
         file = path / name
         if not file.is_file():
             raise CheckpointError(f"{file} is missing (listed in {MANIFEST_FILE})")
-        if file.stat().st_size != size:
-            raise CheckpointError(f"{file} is damaged: {file.stat().st_size} bytes, {size} when it was saved")
+        if file.stat().st_size != files[name]:
+            raise CheckpointError(f"{file} is damaged: {file.stat().st_size} bytes, {files[name]} when it was saved")
+    if hashes is None:
+        return False
+    for name in names:
+        if name not in hashes:
+            raise CheckpointError(f"{manifest_file} records no checksum for {name}; the manifest was altered")
+        if file_sha256(path / name) != hashes[name]:
+            raise CheckpointError(
+                f"{path / name} is damaged: its content differs from when it was saved (sha256 mismatch, "
+                "same size: bytes overwritten in place)"
+            )
+    return True
+
+
+def unverified_note(path: Path) -> str:
+    """The note for a checkpoint whose manifest predates checksums."""
+    return (f"note: {path} was saved by an older hybridflow without checksums; its files were checked by "
+            "size only (content damage of the same size would go unnoticed)")
+
+
+def checkpoint_of(folder: Path) -> tuple[Path, str] | None:
+    """``(global_step_N folder, part)`` when ``folder`` is a part of a committed checkpoint
+    (``global_step_N/actor`` → ``(global_step_N, "actor")``), or ``(folder, "")`` for a
+    ``global_step_N`` folder itself; None for any other folder."""
+    if STEP_DIR.match(folder.name):
+        return folder, ""
+    if STEP_DIR.match(folder.parent.name):
+        return folder.parent, folder.name
+    return None
 
 
 def legacy_message(path: Path) -> str:
@@ -202,22 +249,25 @@ def find_resume_checkpoint(
         path = Path(resume_from_path)
         if not STEP_DIR.match(path.name) or not path.is_dir():
             raise CheckpointError(f"trainer.resume_from_path={path} is not a complete global_step_N checkpoint folder")
-        verify_checkpoint(path)
+        if not verify_checkpoint(path):
+            print(f"resume: {unverified_note(path)}")
         return path
     if resume_mode != "auto":
         raise ValueError(f"trainer.resume_mode must be auto, disable or resume_path, got {resume_mode!r}")
     problems: list[str] = []
-    for _, path in reversed(list_checkpoints(default_local_dir)):
+    for step, path in reversed(list_checkpoints(default_local_dir)):
         try:
-            verify_checkpoint(path)
+            verified = verify_checkpoint(path)
         except LegacyCheckpointError:
             raise
         except CheckpointError as err:
-            problems.append(str(err))
+            problems.append(f"step {step}: {err}")
             continue
         if problems:
             print(f"resume: skipping damaged checkpoint(s): {'; '.join(problems)}. "
                   f"Resuming from {path}, the newest complete one")
+        if not verified:
+            print(f"resume: {unverified_note(path)}")
         return path
     if problems:
         raise CheckpointError(

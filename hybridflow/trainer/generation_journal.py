@@ -11,6 +11,12 @@ a crash a part is either complete or absent. A restart with the same fingerprint
 prompts, model, sampling settings, batch size, seed) skips the batches already on disk; a
 different fingerprint is an error instead of a silent mix of two runs. When every batch is
 done the parts are joined with the input rows into ``OUT`` and the folder is removed.
+
+Removing (after assembly, or on a restart with ``resume=false``) deletes only what a run writes
+there — ``manifest.json``, the ``batch-NNNNNN.jsonl`` parts and their temporary files — each
+as a regular file of the folder itself, never through a symbolic link; anything else put in
+the folder stays, and so does the folder then. A folder that is itself a symbolic link is
+refused.
 """
 
 from __future__ import annotations
@@ -18,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +33,9 @@ from hybridflow.data import DataFileError, read_rows, write_rows
 MANIFEST = "manifest.json"
 ROW = "row"
 _PART = re.compile(r"^batch-(\d{6})\.jsonl$")
+# What a run writes into the folder: the manifest, the parts, and their temporary files
+# (``manifest.json.tmp``; write_rows' ``.batch-NNNNNN.jsonl.<random>.tmp``), left by a crash.
+_OWN_FILE = re.compile(r"^(manifest\.json(\.tmp)?|batch-\d{6}\.jsonl|\.batch-\d{6}\.jsonl\.[^/]+\.tmp)$")
 
 
 class GenerationJournal:
@@ -51,10 +59,16 @@ class GenerationJournal:
 
     def open(self, resume: bool) -> set[int]:
         """Prepare the folder; returns the batches already finished (empty unless resuming)."""
+        if self.folder.is_symlink():
+            raise DataFileError(
+                f"{self.folder} is a symbolic link; the part files are written and deleted only in a real "
+                "folder. Remove the link (or choose another data.output_path)"
+            )
         if self.folder.exists() and not resume:
-            shutil.rmtree(self.folder)
-        if not self.folder.exists():
-            self.folder.mkdir(parents=True)
+            self._remove_own_files()
+        if not self.folder.exists() or not (self.folder / MANIFEST).exists():
+            # a folder without a manifest holds no part of any run (the manifest is written first)
+            self.folder.mkdir(parents=True, exist_ok=True)
             _write_json(self.folder / MANIFEST, self.manifest)
             return set()
         found = _read_manifest(self.folder / MANIFEST)
@@ -86,8 +100,26 @@ class GenerationJournal:
             raise DataFileError(f"{self.folder}: responses for {len(responses)} rows, the input has {len(rows)}")
         out = [{**row, response_key: responses[i]} for i, row in enumerate(rows)]
         path = write_rows(out, self.output_path)
-        shutil.rmtree(self.folder)
+        self._remove_own_files()
         return path
+
+    def _remove_own_files(self) -> None:
+        """Delete the files a run wrote into the folder, then the folder if nothing else is left.
+
+        Only regular files whose names a run uses are removed (``unlink`` of a link would remove
+        just the link, but a link is not something a run wrote either); the rest is the user's.
+        """
+        kept = []
+        for entry in sorted(self.folder.iterdir()):
+            if _OWN_FILE.match(entry.name) and entry.is_file() and not entry.is_symlink():
+                entry.unlink()
+            else:
+                kept.append(entry.name + ("/" if entry.is_dir() and not entry.is_symlink() else ""))
+        if kept:
+            shown = ", ".join(kept[:5]) + (", ..." if len(kept) > 5 else "")
+            print(f"{self.folder}: kept, it holds files this program did not write ({shown})")
+        else:
+            self.folder.rmdir()
 
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:

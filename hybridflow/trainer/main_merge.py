@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import pickle
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from hybridflow.engine.checkpoint import pickle_refusal
 from hybridflow.models.hf_metadata import ADAPTER_CONFIG_FILE, CONFIG_FILE
+from hybridflow.models.loader import WEIGHT_LOAD_ERRORS, weights_load_error
 from hybridflow.trainer.model_merger import (
     CHECKPOINT_READERS,
     EXPORT_DTYPES,
@@ -106,8 +109,8 @@ def folder_state_dict(path: str | os.PathLike, trust_remote_code: bool = False) 
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype="auto", local_files_only=True, trust_remote_code=trust_remote_code
         )
-    except (SafetensorError, OSError, ValueError) as err:
-        raise CheckpointError(f"{path}: could not load the model: {err}") from err
+    except WEIGHT_LOAD_ERRORS as err:
+        raise CheckpointError(str(weights_load_error(path, err, "the model"))) from err
     return model.state_dict()
 
 
@@ -120,6 +123,8 @@ def _adapter_tensors(path: Path) -> dict[str, torch.Tensor]:
             if name.endswith(".safetensors"):
                 return load_file(str(file))
             return torch.load(file, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as err:
+            raise CheckpointError(f"{file}: {pickle_refusal(err)}") from err
         except (SafetensorError, OSError, RuntimeError) as err:
             raise CheckpointError(f"{file}: unreadable adapter weights: {err}") from err
     raise CheckpointError(f"{path}: adapter folder without {' or '.join(ADAPTER_WEIGHT_FILES)}")

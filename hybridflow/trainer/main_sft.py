@@ -23,15 +23,14 @@ from hybridflow.agent.tool_agent import tool_prompt_messages
 from hybridflow.config import ConfigError, SFTConfig, load_sft_config
 from hybridflow.data import StatefulDataLoader
 from hybridflow.data.sft_dataset import SFTDataset
-from hybridflow.engine.checkpoint import CheckpointFileError
 from hybridflow.models import ModelLoadError, choose_attn_implementation, load_model_and_tokenizer
-from hybridflow.trainer.checkpoint import CheckpointError
 from hybridflow.trainer.main_ppo import build_datasets_validated, check_data_files, resolve_device
 from hybridflow.trainer.sft_trainer import SFTTrainer
 from hybridflow.trainer.supervised_loop import build_tracking, fit_and_report
 from hybridflow.workers.engine_factory import build_engine
 from hybridflow.workers.ppo_loop import micro_batch_spec
 from hybridflow.utils.allocator import keep_freed_memory
+from hybridflow.utils.errors import InputError, debug_enabled, one_paragraph
 
 
 def build_sft_loaders(config: SFTConfig, tokenizer) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
@@ -133,8 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         run(trainer)
-    except (CheckpointError, CheckpointFileError) as exc:  # a damaged, old-format or refused checkpoint file
-        print(f"hybridflow sft: error: {exc}", file=sys.stderr)
+    except InputError as exc:  # a damaged or refused checkpoint file, a model whose logits are NaN, ...
+        if debug_enabled():
+            raise
+        print(f"hybridflow sft: error: {one_paragraph(exc)}", file=sys.stderr)
         return 2
     return 0
 

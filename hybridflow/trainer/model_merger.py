@@ -16,12 +16,15 @@ same full state dict.
 
 Output (``target_dir``): ``model.safetensors`` + ``config.json`` + ``generation_config.json``
 + tokenizer files, loadable with ``AutoModelForCausalLM.from_pretrained``, and
-``.hybridflow_export.json`` listing the files the export wrote. The files are written to a
-temporary folder first; a new or empty target is then replaced in one rename. A non-empty
-target is written into only if an earlier export made it (its list is there) or with
+``.hybridflow_export.json`` listing the files the export wrote with their sha256. The files are
+written to a temporary folder first; a new or empty target is then replaced in one rename. A
+non-empty target is written into only if an earlier export made it (its list is there) or with
 ``overwrite``; either way the export's files replace their namesakes and nothing else in the
-folder is removed, except files an earlier export listed and this one does not write.
-A target inside the checkpoint itself is refused.
+folder is removed, except files an earlier export listed and this one does not write — and of
+those only the ones still holding the content the export recorded, found inside the target
+without passing through a symbolic link (the list itself could have been planted).
+A target inside the checkpoint itself is refused, and so is a checkpoint whose files do not
+match the checksums recorded when it was saved.
 
 A LoRA checkpoint is exported either merged (``W + (α/r)·B·A`` folded into the base weights,
 a plain model) or as the adapter alone (``adapter_model.safetensors`` + ``adapter_config.json``,
@@ -35,7 +38,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -44,9 +47,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from hybridflow.engine.checkpoint import MODEL_FILE, fsync_dir, fsync_tree
+from hybridflow.engine.checkpoint import MODEL_FILE, file_sha256, fsync_dir, fsync_tree
 from hybridflow.engine.fsdp_checkpoint import is_fsdp_checkpoint, read_full_model_state
 from hybridflow.models.hf_metadata import ADAPTER_CONFIG_FILE, CONFIG_FILE, GENERATION_CONFIG_FILE, HF_CONFIG_DIR
+from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.checkpoint import LATEST_FILE
 from hybridflow.utils.registry import Registry
 from hybridflow.utils.errors import InputError
@@ -171,6 +175,7 @@ def locate_checkpoint(
     and for a missing ``tokenizer/``.
     """
     weights_dir = resolve_weights_dir(path)
+    verify_source(weights_dir)
     name = detect_backend(weights_dir) if backend == "auto" else backend
     CHECKPOINT_READERS.get(name)  # an unknown backend lists the registered ones
     fallback = Path(hf_model_config_path) if hf_model_config_path is not None else None
@@ -188,6 +193,26 @@ def locate_checkpoint(
     own_tokenizer = weights_dir / TOKENIZER_DIR
     tokenizer_dir = own_tokenizer if own_tokenizer.is_dir() else fallback
     return CheckpointSource(weights_dir, name, config_dir, tokenizer_dir)
+
+
+def verify_source(weights_dir: Path) -> None:
+    """Check a part of a committed checkpoint (``global_step_N/actor``) against the checksums
+    its manifest recorded; a damaged file is refused by name. A folder outside a
+    ``global_step_N`` checkpoint has no manifest to check against and is read as it is."""
+    found = ckpt.checkpoint_of(weights_dir)
+    if found is None:
+        return
+    root, part = found
+    if not (root / ckpt.MANIFEST_FILE).is_file():
+        logger.warning("note: %s has no %s (an older or uncommitted checkpoint): its files are not verified",
+                       root, ckpt.MANIFEST_FILE)
+        return
+    try:
+        verified = ckpt.verify_checkpoint(root, part or None)
+    except ckpt.CheckpointError as err:
+        raise CheckpointError(f"refusing to read a damaged checkpoint: {err}") from err
+    if not verified:
+        logger.warning("%s", ckpt.unverified_note(root))
 
 
 # --- rebuilding the model ------------------------------------------------------------------
@@ -334,9 +359,10 @@ def merge_checkpoint(
 # --- the target folder ---------------------------------------------------------------------
 
 
-def check_export_target(target: Path, weights_dir: Path, overwrite: bool) -> list[str]:
-    """May the export write into ``target``? Returns the files an earlier export listed there
-    (replaceable); raises :class:`CheckpointError` when the target must be left alone."""
+def check_export_target(target: Path, weights_dir: Path, overwrite: bool) -> dict[str, str]:
+    """May the export write into ``target``? Returns the files an earlier export recorded there
+    (name → sha256 of what it wrote: replaceable); raises :class:`CheckpointError` when the
+    target must be left alone."""
     if target.exists() and not target.is_dir():
         raise CheckpointError(f"target_dir {target} exists and is not a folder")
     inside = target.resolve()
@@ -346,11 +372,11 @@ def check_export_target(target: Path, weights_dir: Path, overwrite: bool) -> lis
             "model.safetensors would replace the checkpoint's; choose another folder"
         )
     if not target.is_dir() or not any(target.iterdir()):
-        return []
+        return {}
     if (target / EXPORT_MANIFEST).is_file():
         return _listed_files(target / EXPORT_MANIFEST)
     if overwrite:
-        return []
+        return {}
     entries = sorted(p.name + ("/" if p.is_dir() else "") for p in target.iterdir())
     shown = ", ".join(entries[:6]) + (", ..." if len(entries) > 6 else "")
     raise CheckpointError(
@@ -360,33 +386,77 @@ def check_export_target(target: Path, weights_dir: Path, overwrite: bool) -> lis
     )
 
 
-def _listed_files(manifest: Path) -> list[str]:
-    """The relative file names an earlier export listed; names that would leave the folder are refused."""
+def _listed_files(manifest: Path) -> dict[str, str]:
+    """The files an earlier export recorded, name → sha256; names that would leave the folder are
+    refused. Names without a recorded checksum (a list written before checksums, or one someone
+    edited) are left out: nothing proves the export wrote them, so they are never removed."""
     try:
-        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+        record = json.loads(manifest.read_text(encoding="utf-8"))
+        files = record["files"]
+        hashes = record.get("sha256", {})
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{manifest} is damaged ({type(err).__name__}: {err}); remove it or choose another target") from err
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
         raise CheckpointError(f"{manifest}: 'files' must be a list of file names")
+    if not isinstance(hashes, dict) or not all(isinstance(h, str) for h in hashes.values()):
+        raise CheckpointError(f"{manifest}: 'sha256' must map file names to checksums")
     bad = [f for f in files if PurePosixPath(f).is_absolute() or ".." in PurePosixPath(f).parts or not f]
     if bad:
         raise CheckpointError(f"{manifest} lists names outside the folder: {bad[:3]}")
-    return files
+    unproven = [f for f in files if f not in hashes]
+    if unproven:
+        logger.warning("%s lists %d file(s) without a checksum (%s): unless this export writes them again, "
+                       "they are kept, never removed",
+                       manifest, len(unproven), ", ".join(unproven[:3]) + (", ..." if len(unproven) > 3 else ""))
+    return {f: hashes[f] for f in files if f in hashes}
 
 
-def write_export(target: Path, earlier: list[str], write: Callable[[Path], None]) -> None:
+def _symlink_on_the_way(target: Path, name: str) -> Path | None:
+    """The first entry of ``target/name`` below ``target`` (its folders, then the file itself)
+    that is a symbolic link, or None: an entry reached through a link may lie outside ``target``."""
+    current = target
+    for part in PurePosixPath(name).parts:
+        current = current / part
+        if current.is_symlink():
+            return current
+    return None
+
+
+def _remove_own_file(target: Path, name: str, recorded: str) -> None:
+    """Delete ``target/name`` if it is still the file an earlier export wrote: a regular file
+    reached without a symbolic link, inside ``target``, with the recorded sha256. Otherwise it
+    stays (with a warning saying why)."""
+    path = target / name
+    link = _symlink_on_the_way(target, name)
+    if link is not None:
+        logger.warning("kept %s: %s is a symbolic link, and an export deletes nothing through one", path, link)
+        return
+    if not path.is_file():
+        return
+    if target.resolve() not in path.resolve().parents:
+        logger.warning("kept %s: it resolves outside %s", path, target)
+        return
+    if file_sha256(path) != recorded:
+        logger.warning("kept %s: listed by an earlier export, but its content changed since", path)
+        return
+    path.unlink()
+
+
+def write_export(target: Path, earlier: Mapping[str, str], write: Callable[[Path], None]) -> None:
     """Run ``write`` into a temporary folder next to ``target``, then move its files into place.
 
     A missing or empty ``target`` is replaced in one rename. Otherwise each written file
-    replaces its namesake, files of ``earlier`` (an earlier export's) not written again are
-    removed, and every other file stays.
+    replaces its namesake, files of ``earlier`` (an earlier export's, name → sha256) not
+    written again are removed when they still hold what was recorded, and every other file
+    stays. Nothing is written or removed through a symbolic link inside ``target``.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.export-", dir=target.parent))
     try:
         write(tmp)
         written = sorted(str(p.relative_to(tmp).as_posix()) for p in tmp.rglob("*") if p.is_file())
-        (tmp / EXPORT_MANIFEST).write_text(json.dumps({"files": written}, indent=1) + "\n", encoding="utf-8")
+        record = {"files": written, "sha256": {name: file_sha256(tmp / name) for name in written}}
+        (tmp / EXPORT_MANIFEST).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         fsync_tree(tmp)
         if not target.exists() or not any(target.iterdir()):
             if target.exists():
@@ -395,10 +465,19 @@ def write_export(target: Path, earlier: list[str], write: Callable[[Path], None]
             fsync_dir(target.parent)
             return
         for name in [*written, EXPORT_MANIFEST]:
+            # A folder of the target that is a link would carry the file elsewhere; the file's own
+            # name being a link is fine (os.replace swaps the link, never writes through it).
+            link = _symlink_on_the_way(target, str(PurePosixPath(name).parent)) if "/" in name else None
+            if link is not None:
+                raise CheckpointError(
+                    f"target_dir {target}: {link} is a symbolic link; the export writes nothing through one "
+                    f"(it would place {name} outside the target). Remove the link or choose another folder"
+                )
+        for name in [*written, EXPORT_MANIFEST]:
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp / name, target / name)
-        for name in set(earlier) - set(written) - {EXPORT_MANIFEST}:
-            (target / name).unlink(missing_ok=True)
+        for name in sorted(set(earlier) - set(written) - {EXPORT_MANIFEST}):
+            _remove_own_file(target, name, earlier[name])
         fsync_dir(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

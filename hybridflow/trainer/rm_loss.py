@@ -26,7 +26,9 @@ from hybridflow.data.pair_dataset import (
     REJECTED_ATTENTION_MASK,
     REJECTED_INPUT_IDS,
 )
+from hybridflow.inference.sampling import NonFiniteLogitsError, nonfinite_message
 from hybridflow.models.reward_model import last_token_scores
+from hybridflow.trainer.sft_loss import NOT_TRAINABLE
 
 CHOSEN_REWARDS = "chosen_rewards"
 REJECTED_REWARDS = "rejected_rewards"
@@ -48,6 +50,9 @@ def pair_rewards(module: torch.nn.Module, micro: TensorDict) -> dict[str, torch.
     used = mask.bool().any(dim=0).nonzero().flatten()
     width = int(used[-1]) + 1 if used.numel() else 1
     rewards = last_token_scores(module, ids[:, :width], mask[:, :width])
+    bad = ~torch.isfinite(rewards)
+    if bool(bad.any()):  # the head's logit is the reward: a NaN there is a broken model, not a pair to learn
+        raise NonFiniteLogitsError(nonfinite_message(int(bad.sum()), bad.numel(), NOT_TRAINABLE))
     chosen, rejected = rewards.chunk(2)
     return {CHOSEN_REWARDS: chosen, REJECTED_REWARDS: rejected}
 

@@ -64,7 +64,7 @@ def export_reward_model(module: torch.nn.Module, tokenizer: Any, target: Path) -
         model.save_pretrained(folder, safe_serialization=True)
         tokenizer.save_pretrained(folder)
 
-    write_export(target, [], write)
+    write_export(target, {}, write)
     return target
 
 

@@ -22,8 +22,14 @@ from hybridflow import fields as FK
 from hybridflow.algorithms.aggregation import agg_loss
 from hybridflow.algorithms.utils import logprobs_from_logits
 from hybridflow.data.sft_dataset import LOSS_MASK
+from hybridflow.inference.sampling import (
+    NonFiniteLogitsError,
+    nonfinite_message,
+    nonfinite_rows,
+)
 
 LOG_PROBS = "log_probs"
+NOT_TRAINABLE = "it cannot be trained"
 
 
 def token_log_probs(module: torch.nn.Module, micro: TensorDict) -> dict[str, torch.Tensor]:
@@ -31,6 +37,8 @@ def token_log_probs(module: torch.nn.Module, micro: TensorDict) -> dict[str, tor
 
     The micro-batch is cut to its longest row first (right padding beyond it costs compute
     and changes nothing: real tokens never attend to later positions). Computed in float32.
+    Raises :class:`NonFiniteLogitsError` (the sampler's message) when a real position's logits
+    are NaN / inf: a broken model, not a loss to train on.
     """
     attention_mask = micro[FK.ATTENTION_MASK]
     width = attention_mask.shape[1]
@@ -44,8 +52,20 @@ def token_log_probs(module: torch.nn.Module, micro: TensorDict) -> dict[str, tor
         use_cache=False,
     )
     log_probs = logprobs_from_logits(out.logits[:, :-1, :].float(), input_ids[:, 1:])
+    check_finite_positions(out.logits[:, :-1, :], log_probs, attention_mask[:, : hi - 1].bool())
     log_probs = F.pad(log_probs, (1, width - hi))
     return {LOG_PROBS: log_probs * attention_mask.to(log_probs.dtype)}
+
+
+def check_finite_positions(logits: torch.Tensor, log_probs: torch.Tensor, real: torch.Tensor) -> None:
+    """Raise :class:`NonFiniteLogitsError` when the logits (b, L, V) at a real position (``real``,
+    (b, L)) hold NaN / inf. The log-probs (b, L) are checked first: they are finite whenever the
+    logits are, so the pass over the vocabulary runs only for a batch that is already in trouble."""
+    if bool((torch.isfinite(log_probs) | ~real).all()):
+        return
+    bad = (nonfinite_rows(logits) & real).any(dim=-1)
+    if bool(bad.any()):
+        raise NonFiniteLogitsError(nonfinite_message(int(bad.sum()), bad.numel(), NOT_TRAINABLE))
 
 
 def sft_loss(

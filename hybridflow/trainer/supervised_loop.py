@@ -136,19 +136,21 @@ class SupervisedTrainer:
         last: dict[str, float] = {}
         progress = tqdm(total=self.total_training_steps, initial=self.global_step, desc=self.kind, unit="step")
         batches = self._train_batches()
-        while self.global_step < self.total_training_steps:
-            batch = self.batch_to_tensordict(next(batches))
-            self.global_step += 1
-            last = self.train_step(batch)
-            is_last = self.global_step == self.total_training_steps
-            if self.val_loader is not None and (is_last or _due(trainer_cfg.test_freq, self.global_step)):
-                last |= self.validate()
-            self.tracking.log(last, step=self.global_step)  # before the commit: a saved step has its row
-            if is_last or _due(trainer_cfg.save_freq, self.global_step):
-                self.save_checkpoint()
-            progress.set_postfix(self._postfix(last))
-            progress.update(1)
-        progress.close()
+        try:
+            while self.global_step < self.total_training_steps:
+                batch = self.batch_to_tensordict(next(batches))
+                self.global_step += 1
+                last = self.train_step(batch)
+                is_last = self.global_step == self.total_training_steps
+                if self.val_loader is not None and (is_last or _due(trainer_cfg.test_freq, self.global_step)):
+                    last |= self.validate()
+                self.tracking.log(last, step=self.global_step)  # before the commit: a saved step has its row
+                if is_last or _due(trainer_cfg.save_freq, self.global_step):
+                    self.save_checkpoint()
+                progress.set_postfix(self._postfix(last))
+                progress.update(1)
+        finally:
+            progress.close()  # ends the bar's line, so an error message starts on its own
         return last
 
     def _train_batches(self) -> Iterator[dict[str, torch.Tensor]]:

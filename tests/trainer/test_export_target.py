@@ -3,6 +3,7 @@ create is refused unless ``--overwrite``, and even then only the export's own fi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -71,6 +72,7 @@ def test_a_new_export_replaces_only_what_the_last_one_wrote(run_dir, tiny_model_
     manifest = json.loads((out / EXPORT_MANIFEST).read_text())
     (out / "model-00002-of-00002.safetensors").write_bytes(b"a shard an earlier export wrote")
     manifest["files"].append("model-00002-of-00002.safetensors")
+    manifest["sha256"]["model-00002-of-00002.safetensors"] = hashlib.sha256(b"a shard an earlier export wrote").hexdigest()
     (out / EXPORT_MANIFEST).write_text(json.dumps(manifest))
 
     merge_checkpoint(run_dir, out, hf_model_config_path=tiny_model_dir, dtype="bf16")  # no overwrite needed
