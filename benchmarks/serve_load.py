@@ -79,29 +79,35 @@ def _prompt(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
-def build_requests(seed: int, count: int, model: str, max_tokens: int) -> list[tuple[str, dict[str, Any]]]:
-    """``count`` (path, body) pairs, the same for the same arguments."""
+def build_requests(seed: int, count: int, model: str, max_tokens: int,
+                   max_words: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """``count`` (path, body) pairs, the same for the same arguments; ``max_words`` caps every
+    prompt's length in words (token ids for /generate), None: the full mix."""
     rng = random.Random(seed)
     out: list[tuple[str, dict[str, Any]]] = []
+
+    def words(top: int, low: int = 2) -> int:
+        return rng.randint(low, top if max_words is None else max(low, min(top, max_words)))
+
     for i in range(count):
         tokens = rng.randint(max(1, max_tokens // 4), max_tokens)
         kind = i % 4
         if kind == 0:
-            body: dict[str, Any] = {"model": model, "prompt": _prompt(rng, rng.randint(2, 120)), "max_tokens": tokens,
+            body: dict[str, Any] = {"model": model, "prompt": _prompt(rng, words(120)), "max_tokens": tokens,
                                     "temperature": rng.choice([0, 0.7, 1.0]), "logprobs": rng.choice([None, 0, 3])}
             out.append(("/v1/completions", body))
         elif kind == 1:
-            body = {"model": model, "messages": [{"role": "user", "content": _prompt(rng, rng.randint(2, 60))}],
+            body = {"model": model, "messages": [{"role": "user", "content": _prompt(rng, words(60))}],
                     "max_tokens": tokens, "temperature": 1.0, "top_p": 0.9, "seed": rng.randint(0, 2**31),
                     "stop": ["seven", "\n\n"]}
             out.append(("/v1/chat/completions", body))
         elif kind == 2:
-            ids = [rng.randint(5, 200) for _ in range(rng.randint(3, 90))]
+            ids = [rng.randint(5, 200) for _ in range(words(90, low=3))]
             body = {"input_ids": ids, "sampling_params": {"max_new_tokens": tokens, "temperature": 1.0, "n": 2,
                                                           "top_k": 20, "ignore_eos": True}, "top_logprobs": 2}
             out.append(("/generate", body))
         else:
-            prompts = [_prompt(rng, rng.randint(2, 40)) for _ in range(rng.randint(1, 3))]
+            prompts = [_prompt(rng, words(40)) for _ in range(rng.randint(1, 3))]
             body = {"model": model, "prompt": prompts, "max_tokens": tokens, "temperature": 0.8, "n": 2}
             out.append(("/v1/completions", body))
     return out
@@ -234,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", default="1,4,16", help="concurrent client counts, run in this order each round")
     parser.add_argument("--requests", type=int, default=48, help="requests per (round, client count)")
     parser.add_argument("--max-tokens", type=int, default=24, help="upper end of the per-request token limit")
+    parser.add_argument("--max-prompt-words", type=int, default=None,
+                        help="cap every prompt at this many words (short requests; default: the full mix, up to 120)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="write the report as JSON here")
     args = parser.parse_args(argv)
@@ -258,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         model = wait_ready(host, port, args.api_key, process, log)
         # Warm-up: one round's worth at the highest concurrency, so the first measured round
         # does not carry one-off costs (weight packing, first allocations).
-        run_level(host, port, args.api_key, build_requests(args.seed + 999, args.requests, model, args.max_tokens),
+        run_level(host, port, args.api_key,
+                  build_requests(args.seed + 999, args.requests, model, args.max_tokens, args.max_prompt_words),
                   max(levels))
         if pid:
             report["rss_after_warmup_mib"] = rss_mib(pid)
@@ -268,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for clients in levels:
                 # The same requests every round: any growth is not from new kinds of input.
-                requests = build_requests(args.seed + clients, args.requests, model, args.max_tokens)
+                requests = build_requests(args.seed + clients, args.requests, model, args.max_tokens,
+                                          args.max_prompt_words)
                 results, wall = run_level(host, port, args.api_key, requests, clients)
                 latencies = [x.latency_s * 1000 for x in results if x.ok] or [float("nan")]
                 level = LevelReport(r, clients, len(results), sum(not x.ok for x in results), round(wall, 3),

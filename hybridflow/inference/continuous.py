@@ -68,7 +68,9 @@ class GenRequest:
     do not depend on which other requests share the batch. ``on_token(row, token_id)`` is
     called on the batcher's thread with each token as soon as it is sampled (``row`` in
     ``[0, n)`` says which response); it must be quick, and an exception in it fails the
-    request alone. A server streams with it.
+    request alone. A server streams with it. ``group`` names the client call the request
+    belongs to (a completion with 64 prompts is 64 requests of one group); the batcher shares
+    its rows fairly between groups (see :class:`ContinuousBatcher`). ``None``: a group of its own.
     """
 
     prompt_ids: tuple[int, ...]
@@ -77,6 +79,7 @@ class GenRequest:
     stop_check: StopCheck | None = None
     seed: int | None = None
     on_token: TokenCallback | None = None
+    group: int | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -175,6 +178,16 @@ class ContinuousBatcher:
     rows of one forward; a request is admitted whole (all its ``n`` rows) when it fits.
     ``generator`` is used by requests without a seed; ``device`` is where the decoder's
     model lives (prompt tensors and per-request generators are made there).
+
+    **Fair admission.** Requests are admitted by group (:attr:`GenRequest.group`, one client
+    call): the waiting group that holds the fewest running rows goes first (the longest waiting
+    among equals), so a group that arrives while another runs is admitted before the running
+    group's next request. ``max_rows_per_group`` caps the rows one group holds while it already
+    has rows running (a group with none may always start one request, however large), so one
+    call of many prompts cannot fill every row: with the cap at half of ``max_rows``, a request
+    of another call that fits in the other half starts at the next step. Within a group the
+    order is first come, first served. When the chosen request does not fit, nothing behind it
+    is admitted ahead of it (no request starves).
     """
 
     def __init__(
@@ -185,13 +198,17 @@ class ContinuousBatcher:
         max_rows: int = 64,
         generator: torch.Generator | None = None,
         device: torch.device | str = "cpu",
+        max_rows_per_group: int | None = None,
     ) -> None:
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        if max_rows_per_group is not None and max_rows_per_group < 1:
+            raise ValueError(f"max_rows_per_group must be >= 1 (or None: no cap), got {max_rows_per_group}")
         self.decoder = decoder
         self.device = torch.device(device)
         self.pad_token_id = int(pad_token_id)
         self.max_rows = max_rows
+        self.max_rows_per_group = max_rows_per_group
         self.generator = generator
         self.stats = BatcherStats()
         self._waiting: deque[tuple[int, GenRequest]] = deque()
@@ -308,9 +325,12 @@ class ContinuousBatcher:
 
     def _admit(self) -> tuple[bool, list[Finished]]:
         live = [row for row in self._rows if not row.done]
+        held = Counter(_group_key(row.handle, row.request) for row in live)
         admitted, failed = False, []
-        while self._waiting and len(live) + self._waiting[0][1].params.n <= self.max_rows:
-            handle, request = self._waiting.popleft()
+        while (index := self._next_waiting(held, len(live))) is not None:
+            handle, request = self._waiting[index]
+            del self._waiting[index]
+            held[_group_key(handle, request)] += request.params.n
             generator = self.generator
             if request.seed is not None:
                 try:
@@ -326,6 +346,29 @@ class ContinuousBatcher:
         if admitted:
             self._rows = live
         return admitted, failed
+
+    def _next_waiting(self, held: Counter, live: int) -> int | None:
+        """Index in the waiting queue of the request to admit next, or None (see the class doc):
+        the first request of the group holding the fewest rows, if it fits."""
+        best: tuple[int, int] | None = None  # (rows its group holds, queue index)
+        seen: set[tuple[str, int]] = set()
+        cap = self.max_rows_per_group
+        for index, (handle, request) in enumerate(self._waiting):
+            key = _group_key(handle, request)
+            if key in seen:
+                continue  # only a group's first waiting request is a candidate: in order within a group
+            seen.add(key)
+            rows = held[key]
+            if cap is not None and rows and rows + request.params.n > cap:
+                continue  # this group has its share running; the others go first
+            if best is None or (rows, index) < best:
+                best = (rows, index)
+        if best is None:
+            return None
+        index = best[1]
+        if live + self._waiting[index][1].params.n > self.max_rows:
+            return None  # wait for room rather than let a smaller request overtake it
+        return index
 
     def _prefill(self, joined: bool) -> torch.Tensor:
         """Prefill every live row's full sequence (identical ones once); logits (rows, V)."""
@@ -447,6 +490,11 @@ class ContinuousBatcher:
             keep = [i for i, row in enumerate(self._rows) if not row.done]
             self.decoder.select_rows(torch.tensor(keep, dtype=torch.long, device=self.device))
             self._rows = [self._rows[i] for i in keep]
+
+
+def _group_key(handle: int, request: GenRequest) -> tuple[str, int]:
+    """Requests of one client call share a group; a request without one is its own."""
+    return ("call", request.group) if request.group is not None else ("request", handle)
 
 
 def _top_logprobs(logits: torch.Tensor, params: SamplingParams, ks: list[int]) -> list[list[tuple[int, float]]]:

@@ -138,6 +138,8 @@ class GenerationEngine:
     step by step (0 = start at once); ``seed`` seeds the generator of requests without a seed.
     ``owns_weights``: the module is this engine's alone, so ``sleep(level=2)`` may free its
     parameters (False for a module borrowed from a trainer: level 2 is refused).
+    ``max_rows_per_group`` caps the rows one client call (:attr:`GenRequest.group`) holds while
+    others wait (see :class:`~hybridflow.inference.continuous.ContinuousBatcher`; None: no cap).
     """
 
     def __init__(
@@ -151,6 +153,7 @@ class GenerationEngine:
         batch_window_s: float = 0.0,
         seed: int = 0,
         owns_weights: bool = False,
+        max_rows_per_group: int | None = None,
     ) -> None:
         if batch_window_s < 0:
             raise ValueError(f"batch_window_s must be >= 0, got {batch_window_s}")
@@ -159,7 +162,8 @@ class GenerationEngine:
         device = next(model.parameters()).device
         generator = torch.Generator(device=device).manual_seed(seed)
         self.batcher = ContinuousBatcher(
-            self.decoder, pad_token_id, max_rows=max_rows, generator=generator, device=device
+            self.decoder, pad_token_id, max_rows=max_rows, generator=generator, device=device,
+            max_rows_per_group=max_rows_per_group,
         )
         self.batch_window_s = batch_window_s
         self.owns_weights = owns_weights

@@ -6,15 +6,21 @@
 
 Speaks Sandbox Fusion's ``/run_code`` (docs/sandbox.md), so verl's
 ``reward_model.sandbox_fusion.url=http://127.0.0.1:8080/run_code`` works against it.
+``/run_code`` needs ``Authorization: Bearer TOKEN``: ``--token`` (or ``HYBRIDFLOW_SANDBOX_TOKEN``,
+which keeps it out of the process list), else a token generated and printed at start.
+``--no-token`` turns that off, on a loopback address only.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+from hybridflow.sandbox.access import TOKEN_ENV, resolve_token
 from hybridflow.sandbox.isolation import IsolationError, require_isolation
 from hybridflow.sandbox.limits import SandboxLimits
+from hybridflow.utils.http_guard import parse_allowed_hosts
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,12 +35,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-output-bytes", type=int, default=1 << 20, help="stdout / stderr cap each (default 1 MiB)")
     parser.add_argument("--allow-weak-isolation", action="store_true",
                         help="serve even without bubblewrap (process limits only: not safe for hostile code)")
+    access = parser.add_argument_group("access")
+    access.add_argument("--token", default=os.environ.get(TOKEN_ENV) or None,
+                        help=f"bearer token /run_code needs (default: ${TOKEN_ENV}, else one generated and printed)")
+    access.add_argument("--no-token", action="store_true",
+                        help="let any local client run code without a token (loopback --host only)")
+    access.add_argument("--allowed-hosts", default=None,
+                        help="comma-separated Host header names to answer, * = any (default: the --host address; "
+                        "for 127.0.0.1 also localhost)")
+    access.add_argument("--max-body-mb", type=float, default=16.0,
+                        help="size of a request body in MiB (default 16; 413 above it)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        if not args.max_body_mb > 0:
+            raise ValueError(f"--max-body-mb must be > 0, got {args.max_body_mb}")
+        token, generated = resolve_token(args.host, args.token, args.no_token)
+        allowed_hosts = parse_allowed_hosts(args.allowed_hosts, args.host)
         limits = SandboxLimits(wall_s=args.timeout_s, memory_mb=args.memory_limit_mb,
                                max_processes=args.max_processes, max_output_bytes=args.max_output_bytes)
         isolation = require_isolation(args.allow_weak_isolation, "hybridflow sandbox")
@@ -49,7 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     print(isolation.line(), flush=True)
     print(f"limits per program: {describe_limits(limits)}; {args.max_concurrent} at once", flush=True)
     print(f"Sandbox Fusion endpoint: http://{args.host}:{args.port}/run_code", flush=True)
-    uvicorn.run(create_app(limits, isolation, args.max_concurrent), host=args.host, port=args.port, log_level="warning")
+    if generated:
+        print(f"sandbox token (/run_code needs 'Authorization: Bearer TOKEN'; set {TOKEN_ENV} to choose it): "
+              f"{token}", flush=True)
+    elif token is None:
+        print("sandbox token: none (--no-token): any process on this machine can run code here", flush=True)
+    app = create_app(limits, isolation, args.max_concurrent, token=token, allowed_hosts=allowed_hosts,
+                     max_body_bytes=int(args.max_body_mb * 1024 * 1024))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
 

@@ -6,7 +6,8 @@ runs:
 
 * :class:`LocalSandbox` — :func:`~hybridflow.sandbox.executor.run_code` in this process's
   machine, at most ``max_concurrent`` at once. It refuses to be built when the isolation is
-  weaker than bubblewrap unless ``allow_weak_isolation`` is set.
+  weaker than bubblewrap unless ``allow_weak_isolation`` is ``True`` (a real bool), and then
+  logs a warning each time one is built.
 * :class:`FusionSandbox` — ``POST {url}/run_code`` (``hybridflow sandbox`` or a real Sandbox
   Fusion server, verl's ``reward_model.sandbox_fusion.url``), at most ``max_concurrent``
   requests at once. A server that cannot be reached or answers 5xx is retried ``retries``
@@ -18,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import urllib.error
 import urllib.request
 from dataclasses import replace
 from typing import Protocol
 
+from hybridflow.sandbox.access import TOKEN_ENV
 from hybridflow.sandbox.executor import RunResult, run_code
 from hybridflow.sandbox.fusion import result_from_fusion
 from hybridflow.sandbox.isolation import Isolation, require_isolation
@@ -82,17 +85,22 @@ class FusionSandbox:
     """A Sandbox Fusion ``/run_code`` endpoint (see the module docstring)."""
 
     def __init__(self, url: str, *, max_concurrent: int = 4, retries: int = 3, memory_mb: int = 1024,
-                 timeout_s: float = 10.0, request_timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 10.0, request_timeout_s: float = 30.0, token: str | None = None) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"sandbox url must start with http:// or https://, got {url!r}")
         self.url = url.rstrip("/")
         self.endpoint = self.url if self.url.endswith("/run_code") else self.url + "/run_code"
         self.retries, self.memory_mb, self.timeout_s = retries, memory_mb, timeout_s
         self.request_timeout_s = request_timeout_s
+        # `hybridflow sandbox` needs a bearer token (docs/sandbox.md); a real Sandbox Fusion server ignores it.
+        self.token = token or os.environ.get(TOKEN_ENV) or None
         self._slots = _Slots(max_concurrent)
 
     def _post(self, payload: bytes, timeout_s: float) -> dict:
-        request = urllib.request.Request(self.endpoint, data=payload, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(self.endpoint, data=payload, headers=headers)
         with urllib.request.urlopen(request, timeout=timeout_s + self.request_timeout_s) as response:
             return json.loads(response.read())
 

@@ -5,18 +5,25 @@ where root cannot give each program a uid of its own, so the process cap would n
 The trainer therefore starts the sandbox service once, as itself, on a free loopback port, and
 the scorers send their programs to it (:class:`~hybridflow.sandbox.client.FusionSandbox`). The
 service is stopped when :meth:`LocalSandboxService.close` runs or the trainer exits.
+
+The service needs a token for ``/run_code`` like any ``hybridflow sandbox``: a fresh one is
+made here, handed to the child in its environment (not on its command line, which every user
+of the machine can read) and kept in :attr:`LocalSandboxService.token` for the scorers' client.
 """
 
 from __future__ import annotations
 
 import sys
 
+from hybridflow.sandbox.access import TOKEN_ENV
 from hybridflow.sandbox.limits import SandboxLimits
 from hybridflow.utils.child_service import ChildService
+from hybridflow.utils.http_guard import new_token
 
 
 class LocalSandboxService(ChildService):
-    """Start ``python -m hybridflow.sandbox`` on 127.0.0.1 and wait until it answers ``/health``."""
+    """Start ``python -m hybridflow.sandbox`` on 127.0.0.1 and wait until it answers ``/health``;
+    ``token`` is what its ``/run_code`` needs."""
 
     def __init__(self, limits: SandboxLimits, *, max_concurrent: int = 4, allow_weak_isolation: bool = False,
                  start_timeout_s: float = 60.0) -> None:
@@ -28,4 +35,6 @@ class LocalSandboxService(ChildService):
                 "--max-output-bytes", str(limits.max_output_bytes),
             ] + (["--allow-weak-isolation"] if allow_weak_isolation else [])
 
-        super().__init__(command, "the local sandbox service", start_timeout_s=start_timeout_s)
+        self.token = new_token()
+        super().__init__(command, "the local sandbox service", start_timeout_s=start_timeout_s,
+                         env={TOKEN_ENV: self.token})

@@ -12,6 +12,8 @@ the server keeps serving.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
 import logging
 import time
 import uuid
@@ -31,7 +33,14 @@ from hybridflow.inference.engine import GenerationEngine, RequestRefused, Shutti
 from hybridflow.inference.sampling import NonFiniteLogitsError, SamplingParams
 from hybridflow.inference.weights import WeightsRejected, folder_under_root
 from hybridflow.server.checks import BadRequest, ServerLimits, check_text
-from hybridflow.server.control import UPDATE_WEIGHTS_PATH, WeightUpload, add_control_routes
+from hybridflow.server.control import (
+    CONTROL_PATHS,
+    CONTROL_TOKEN_HINT,
+    UPDATE_FROM_DISK_PATH,
+    UPDATE_WEIGHTS_PATH,
+    WeightUpload,
+    add_control_routes,
+)
 from hybridflow.server.errors import ClientDisconnected, GenerationError, error_response, install_error_handlers
 from hybridflow.server.responses import (
     chat_choice,
@@ -48,13 +57,14 @@ from hybridflow.server.schemas import (
     OpenAISampling,
     UpdateWeightsRequest,
 )
-from hybridflow.server.security import RequestGuard, default_allowed_hosts
+from hybridflow.server.security import RequestGuard, RouteToken, default_allowed_hosts
 from hybridflow.server.streaming import IncrementalText, events, sse, watch_futures, with_callbacks
 from hybridflow.server.text import TextCodec
 from hybridflow.server.tools import calls_as_text, check_tools, describe_tools, template_messages
 
 logger = logging.getLogger("hybridflow.server")
 T = TypeVar("T")
+_CALLS = itertools.count()  # one group per HTTP call: the batcher shares rows fairly between them
 
 
 @dataclass
@@ -69,7 +79,8 @@ class ServerState:
     :mod:`hybridflow.server.security`); ``tool_parser`` reads tool calls out of chat replies
     when a request offers ``tools`` (``--tool-call-parser``); ``control_routes`` turns on
     the trainer's routes of :mod:`hybridflow.server.control` (``--control-routes``), whose
-    weight pushes may be up to ``max_weight_bucket_bytes`` per request.
+    weight pushes may be up to ``max_weight_bucket_bytes`` per request; ``control_token``
+    (when set) is the bearer token those routes and ``/update_weights_from_disk`` need.
     """
 
     engine: GenerationEngine
@@ -87,6 +98,7 @@ class ServerState:
     control_routes: bool = False
     max_weight_bucket_bytes: int = 512 * 1024 * 1024
     weight_upload: WeightUpload | None = None  # the buckets of the push in progress
+    control_token: str | None = None
 
 
 # ---- request → GenRequests ------------------------------------------------------------------
@@ -164,7 +176,7 @@ async def _run(
     state: ServerState, request: Request, requests: list[GenRequest], prompt_logprobs: int | None = None
 ) -> list[list[SampleOutput]]:
     """Submit, await all outputs; cancel everything if the client leaves or one request fails."""
-    futures: list[Future] = [state.engine.submit(r, prompt_logprobs) for r in requests]
+    futures: list[Future] = [state.engine.submit(r, prompt_logprobs) for r in _one_call(requests)]
     gathered = asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
     watcher = asyncio.ensure_future(_until_disconnected(request))
     try:
@@ -184,6 +196,12 @@ async def _run(
             gathered.cancel()
 
 
+def _one_call(requests: list[GenRequest]) -> list[GenRequest]:
+    """The requests of one HTTP call, marked as one group for the batcher's fair admission."""
+    call = next(_CALLS)
+    return [dataclasses.replace(r, group=call) for r in requests]
+
+
 def _client_error(err: Exception) -> Exception:
     """What the client is told about a request that failed in the engine."""
     if isinstance(err, RequestRefused):  # the batcher refused it (e.g. n above the batch limit)
@@ -201,7 +219,7 @@ async def _start_stream(
     leaves meanwhile cancels everything, as in :func:`_run`."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
-    futures = [state.engine.submit(r) for r in with_callbacks(requests, loop, queue)]
+    futures = [state.engine.submit(r) for r in with_callbacks(_one_call(requests), loop, queue)]
     watch_futures(futures, loop, queue)
     first = asyncio.ensure_future(queue.get())
     watcher = asyncio.ensure_future(_until_disconnected(request))
@@ -278,6 +296,7 @@ async def completions(state: ServerState, request: Request, body: CompletionRequ
         params = _params(state, body, _budget(state, len(prompt), body.max_tokens, "max_tokens"))
         top = body.logprobs or 0
         requests.append(GenRequest(tuple(prompt), params, top, state.codec.stop_check(stops), body.seed))
+    state.limits.check_request_tokens([r.params.max_new_tokens for r in requests], body.n, "max_tokens")
     if body.stream:
         futures, queue, first = await _start_stream(state, request, requests)
         chunks = _completion_chunks(state, body, prompts, queue, first, stops)
@@ -420,6 +439,7 @@ async def chat_completions(
     prompt = await _in_thread(_chat_prompt, state, body)
     _check_ids(state, prompt, "messages")
     params = _params(state, body, _budget(state, len(prompt), body.token_limit(), "max_tokens"))
+    state.limits.check_request_tokens([params.max_new_tokens], body.n, "max_tokens")
     stops = body.stop_strings()
     top = (body.top_logprobs or 0) if body.logprobs else 0
     gen = GenRequest(tuple(prompt), params, top, state.codec.stop_check(stops), body.seed)
@@ -454,6 +474,7 @@ async def generate(state: ServerState, request: Request, body: GenerateRequest) 
         params = _sampling(state, sp.max_new_tokens, sp.temperature, sp.top_k, sp.top_p, sp.n, sp.ignore_eos,
                            sp.stop_token_ids)
         requests.append(GenRequest(tuple(prompt), params, body.top_logprobs, None, sp.seed))
+    state.limits.check_request_tokens([sp.max_new_tokens] * len(requests), sp.n, "sampling_params.max_new_tokens")
     results = await _run(state, request, requests, body.prompt_logprobs)
     outputs = [generate_output(i, out) for i, group in enumerate(results) for out in group]
     return {"model": state.model_name, "outputs": outputs, "usage": usage(prompts, results)}
@@ -497,8 +518,10 @@ def build_app(state: ServerState) -> FastAPI:
 
     app = FastAPI(title="hybridflow", lifespan=lifespan)
     body_limits = {UPDATE_WEIGHTS_PATH: state.max_weight_bucket_bytes} if state.control_routes else {}
+    token = RouteToken(state.control_token, CONTROL_PATHS, CONTROL_TOKEN_HINT) if state.control_token else None
     app.add_middleware(RequestGuard, allowed_hosts=state.allowed_hosts, api_key=state.api_key,
-                       max_body_bytes=state.limits.max_body_bytes, body_limits=body_limits)
+                       max_body_bytes=state.limits.max_body_bytes, body_limits=body_limits,
+                       body_types={UPDATE_WEIGHTS_PATH: "application/octet-stream"}, route_token=token)
 
     install_error_handlers(app)
 
@@ -531,7 +554,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def _generate(request: Request, body: GenerateRequest) -> dict:
         return await generate(state, request, body)
 
-    @app.post("/update_weights_from_disk")
+    @app.post(UPDATE_FROM_DISK_PATH)
     async def _update(body: UpdateWeightsRequest) -> Any:
         return await update_weights(state, body)
 

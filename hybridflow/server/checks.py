@@ -12,6 +12,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+# How deeply a request body may nest objects and lists. Real requests stay far below (a tool's
+# JSON schema nests a few levels); the chat template's helpers and jinja walk nested values
+# recursively, so a body nested hundreds deep used to end in a RecursionError and a 500 with a
+# traceback thousands of lines long.
+MAX_JSON_DEPTH = 64
+
 
 class BadRequest(ValueError):
     """A request the server understands but cannot serve (unknown model, too long, ...)."""
@@ -19,6 +25,43 @@ class BadRequest(ValueError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class OverBudget(Exception):
+    """A request asks for more generated tokens than one request may (answered with 429)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def json_depth(value: Any, stop_at: int | None = None) -> int:
+    """How deeply ``value`` nests dicts and lists (a scalar is 0, ``{}`` and ``[1]`` are 1).
+
+    Walks with an explicit stack, so any depth is measured without recursion; with ``stop_at``
+    the walk ends as soon as that depth is passed."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if stop_at is not None and deepest > stop_at:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
+    """Raise ``ValueError`` when ``value`` nests deeper than ``limit`` levels."""
+    if json_depth(value, stop_at=limit) > limit:
+        raise ValueError(f"the request nests objects or lists more than {limit} levels deep; this server "
+                         f"takes at most {limit}")
 
 
 @dataclass(frozen=True)
@@ -29,7 +72,9 @@ class ServerLimits:
     ``prompt`` list, ``/generate``'s ``input_ids`` list); ``max_stop``: stop strings or extra
     stop token ids; ``max_stop_chars``: characters in one stop string; ``max_prompt_tokens``:
     tokens in one prompt after tokenization (``None``: the model's context is the only cap);
-    ``max_body_bytes``: size of a request body, checked before it is parsed.
+    ``max_body_bytes``: size of a request body, checked before it is parsed;
+    ``max_request_tokens``: tokens one request may ask to generate, prompts × ``n`` ×
+    ``max_tokens`` (above it: 429, :class:`OverBudget`).
     """
 
     max_n: int = 16
@@ -38,9 +83,10 @@ class ServerLimits:
     max_stop_chars: int = 256
     max_prompt_tokens: int | None = None
     max_body_bytes: int = 8 * 1024 * 1024
+    max_request_tokens: int = 65536
 
     def __post_init__(self) -> None:
-        for name in ("max_n", "max_prompts", "max_stop", "max_stop_chars", "max_body_bytes"):
+        for name in ("max_n", "max_prompts", "max_stop", "max_stop_chars", "max_body_bytes", "max_request_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
@@ -66,6 +112,18 @@ class ServerLimits:
         if self.max_prompt_tokens is not None and count > self.max_prompt_tokens:
             raise BadRequest(
                 f"prompt is {count} tokens; this server takes prompts of at most {self.max_prompt_tokens} tokens",
+                param,
+            )
+
+
+    def check_request_tokens(self, max_new_tokens: list[int], n: int, param: str) -> None:
+        """``max_new_tokens``: the limit of each prompt of the request; each runs ``n`` times."""
+        total = n * sum(max_new_tokens)
+        if total > self.max_request_tokens:
+            raise OverBudget(
+                f"this request asks for up to {total} generated tokens ({len(max_new_tokens)} prompt(s) x n={n} x "
+                f"{param}); this server takes at most {self.max_request_tokens} per request: send fewer prompts, "
+                f"a smaller n or a smaller {param}, or split it into several requests",
                 param,
             )
 

@@ -4,7 +4,8 @@ These routes let a trainer drive a ``hybridflow serve`` process as its rollout e
 :class:`~hybridflow.inference.protocol.InferenceServer`; :class:`~hybridflow.inference.client.HttpClient`
 is the client). They can stop generation and replace the served weights, so they are off
 unless the server was started with ``--control-routes`` (a 403 says so), and they sit behind
-the same Host / API-key guard as every route.
+the same guard as every route (:mod:`hybridflow.server.security`), which also asks them for
+the control token (:data:`CONTROL_PATHS`).
 
 =========================  ============================================================
 ``POST /abort_all``        every request in flight returns its tokens so far
@@ -44,6 +45,14 @@ if TYPE_CHECKING:
     import torch
 
 UPDATE_WEIGHTS_PATH = "/update_weights"
+UPDATE_FROM_DISK_PATH = "/update_weights_from_disk"
+# The routes that need the control token (--control-token, or the one generated at start): they
+# stop generation or replace the served weights. /update_weights_from_disk (--weights-root) is
+# registered by the app but changes the weights just the same.
+CONTROL_PATHS = frozenset({"/abort_all", "/resume_generation", "/sleep", "/wake_up", UPDATE_WEIGHTS_PATH,
+                           "/clear_kv_cache", UPDATE_FROM_DISK_PATH})
+CONTROL_TOKEN_HINT = ("the control token hybridflow serve printed at start, or its --control-token / "
+                      "$HYBRIDFLOW_CONTROL_TOKEN / --api-key")
 
 
 @dataclass

@@ -8,18 +8,23 @@ A failure of ours is a 500 that names no internals; the log line with the same i
 from __future__ import annotations
 
 import logging
+import traceback
 import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from hybridflow.inference.engine import ShuttingDown
 from hybridflow.inference.sampling import NonFiniteLogitsError
-from hybridflow.server.checks import BadRequest
+from hybridflow.server.checks import BadRequest, OverBudget
 from hybridflow.server.security import BodyTooLarge
 
 logger = logging.getLogger("hybridflow.server")
+# Innermost frames of a traceback that are logged: a failure deep in a recursion would
+# otherwise write thousands of identical lines per request.
+MAX_TRACEBACK_FRAMES = 30
 
 
 class ClientDisconnected(Exception):
@@ -31,17 +36,18 @@ class GenerationError(Exception):
 
 
 def error_response(
-    status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"
+    status: int, message: str, param: str | None = None, kind: str = "invalid_request_error", code: str | None = None
 ) -> JSONResponse:
     return JSONResponse(
-        status_code=status, content={"error": {"message": message, "type": kind, "param": param, "code": None}}
+        status_code=status, content={"error": {"message": message, "type": kind, "param": param, "code": code}}
     )
 
 
 def internal_error(err: BaseException, what: str) -> JSONResponse:
     """A 500 that names no internals; the log line with the same id has the traceback."""
     ref = uuid.uuid4().hex[:12]
-    logger.error("%s [error id %s]: %s: %s", what, ref, type(err).__name__, err, exc_info=err)
+    trace = "".join(traceback.format_exception(err, limit=-MAX_TRACEBACK_FRAMES)).rstrip()
+    logger.error("%s [error id %s]: %s: %s\n%s", what, ref, type(err).__name__, err, trace)
     return error_response(500, f"{what} (internal error, id {ref}; the server log has the details)", kind="server_error")
 
 
@@ -71,6 +77,20 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(BodyTooLarge)
     async def _on_too_large(request: Request, err: BodyTooLarge) -> JSONResponse:
         return error_response(413, str(err))
+
+    @app.exception_handler(OverBudget)
+    async def _on_over_budget(request: Request, err: OverBudget) -> JSONResponse:
+        response = error_response(429, str(err), err.param, kind="tokens", code="rate_limit_exceeded")
+        response.headers["x-should-retry"] = "false"  # the openai client would resend it in vain
+        return response
+
+    @app.exception_handler(HTTPException)
+    async def _on_http(request: Request, err: HTTPException) -> JSONResponse:
+        # FastAPI's own refusals (a body that is not JSON or nests too deeply for its reader,
+        # 404, 405) in the same error body as ours.
+        response = error_response(err.status_code, str(err.detail))
+        response.headers.update(err.headers or {})
+        return response
 
     @app.exception_handler(ClientDisconnected)
     async def _on_gone(request: Request, err: ClientDisconnected) -> JSONResponse:

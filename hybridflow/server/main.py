@@ -6,9 +6,13 @@
 
 ``--model`` is an HF folder or a known name (``tiny-llama``, ``smollm2-135m-instruct``).
 The server listens on 127.0.0.1 unless ``--host`` says otherwise and answers only requests
-whose Host header names the address it listens on (``--allowed-hosts`` widens that). With
-``--api-key`` (or ``HYBRIDFLOW_API_KEY``) every request needs ``Authorization: Bearer KEY``.
-``/update_weights_from_disk`` is off unless ``--weights-root DIR`` names the folder it may read.
+whose Host header names the address it listens on (``--allowed-hosts`` widens that) and that
+no foreign web page sent (Origin). With ``--api-key`` (or ``HYBRIDFLOW_API_KEY``) every request
+needs ``Authorization: Bearer KEY``; an address other than loopback needs a key.
+``/update_weights_from_disk`` is off unless ``--weights-root DIR`` names the folder it may read;
+it and the ``--control-routes`` need a control token: ``--control-token`` (or
+``HYBRIDFLOW_CONTROL_TOKEN``), the API key, or one generated and printed at start
+(``--no-control-token`` turns it off, on a loopback address only).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ if TYPE_CHECKING:
     from hybridflow.server.app import ServerState
 
 API_KEY_ENV = "HYBRIDFLOW_API_KEY"
+CONTROL_TOKEN_ENV = "HYBRIDFLOW_CONTROL_TOKEN"
+DEFAULT_MAX_REQUEST_TOKENS = 65536
 SERVE_EXTRA = ("fastapi", "uvicorn", "jinja2")
 INSTALL_SERVE = 'pip install "torch==2.13.0" -e ".[serve]"   (in the hybridflow checkout)'
 # oneDNN keeps a compiled kernel per matmul shape in two caches of 1024 entries each (its own
@@ -97,6 +103,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     security.add_argument("--control-routes", action="store_true",
                           help="turn on the trainer's routes: /abort_all, /resume_generation, /sleep, /wake_up, "
                           "/update_weights (tensor push), /clear_kv_cache (default: off)")
+    security.add_argument("--control-token", default=os.environ.get(CONTROL_TOKEN_ENV) or None,
+                          help="bearer token the control routes and /update_weights_from_disk need (default: "
+                          f"${CONTROL_TOKEN_ENV}, else the API key, else one generated and printed at start)")
+    security.add_argument("--no-control-token", action="store_true",
+                          help="let any local client use the control routes without a token (loopback --host only)")
     limits = parser.add_argument_group("per-request limits")
     limits.add_argument("--max-n", type=_positive, default=16, help="responses per prompt (default 16)")
     limits.add_argument("--max-prompts", type=_positive, default=64, help="prompts in one request (default 64)")
@@ -109,6 +120,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     limits.add_argument("--max-body-mb", type=float, default=8.0, help="size of a request body in MiB (default 8)")
     limits.add_argument("--max-weight-bucket-mb", type=float, default=512.0,
                         help="size of one /update_weights bucket in MiB (default 512)")
+    limits.add_argument("--max-request-tokens", type=_positive, default=DEFAULT_MAX_REQUEST_TOKENS,
+                        help="tokens one request may ask to generate, prompts x n x max_tokens; above it: 429 "
+                        f"(default {DEFAULT_MAX_REQUEST_TOKENS})")
+    limits.add_argument("--max-request-rows", type=_positive, default=None,
+                        help="sequences one request may decode at once while others wait (default: half of "
+                        "--max-batch-rows), so that one big request cannot hold every row")
     runtime = parser.add_argument_group("runtime")
     runtime.add_argument("--shutdown-timeout-s", type=float, default=5.0,
                          help="on SIGTERM, wait this long for running requests before failing them (default 5)")
@@ -128,11 +145,50 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--shutdown-timeout-s must be >= 0")
     if args.weights_root is not None and not Path(args.weights_root).expanduser().is_dir():
         parser.error(f"--weights-root {args.weights_root!r} is not a folder")
+    if args.max_request_rows is None:
+        args.max_request_rows = max(1, args.max_batch_rows // 2)
+    args.max_request_rows = min(args.max_request_rows, args.max_batch_rows)
+    problem = resolve_tokens(args)
+    if problem is not None:
+        parser.error(problem)
     from hybridflow.agent.parsers import TOOL_PARSERS
 
     if args.tool_call_parser not in TOOL_PARSERS:
         parser.error(f"--tool-call-parser {args.tool_call_parser!r} is unknown; choose from {TOOL_PARSERS.names()}")
     return args
+
+
+def resolve_tokens(args: argparse.Namespace) -> str | None:
+    """Settle ``args.control_token`` (and ``args.control_token_generated``); returns why the
+    access flags cannot be served as given, or None.
+
+    An address other than loopback must have an API key: anyone who can reach it could
+    otherwise generate, and with the control routes replace the weights. The control routes
+    and ``/update_weights_from_disk`` need a token even on loopback, where any local process or
+    a browser's page can connect; it is the ``--control-token``, else the API key, else a fresh
+    one (printed at start). ``--no-control-token`` drops it, on loopback only.
+    """
+    from hybridflow.server.security import is_loopback, new_token
+
+    args.control_token_generated = False
+    if not is_loopback(args.host) and not args.api_key:
+        return (f"--host {args.host} is reachable from other machines: give --api-key (or ${API_KEY_ENV}) so "
+                "that only your clients are served, or listen on 127.0.0.1")
+    if args.api_key and args.control_token and args.control_token != args.api_key:
+        return ("--control-token differs from --api-key, but a request carries one bearer token: with an API key, "
+                "the key is the control token too; give only --api-key")
+    if args.no_control_token:
+        if not is_loopback(args.host):
+            return f"--no-control-token is only allowed on a loopback --host (127.0.0.1, ::1, localhost), not {args.host}"
+        args.control_token = None
+        return None
+    if not (args.control_routes or args.weights_root is not None):
+        args.control_token = None  # no route needs it
+        return None
+    if not args.control_token and not args.api_key:
+        args.control_token, args.control_token_generated = new_token(), True
+    args.control_token = args.control_token or args.api_key
+    return None
 
 
 def missing_serve_extra() -> str | None:
@@ -192,7 +248,8 @@ def build_state(args: argparse.Namespace) -> ServerState:
     allowed_hosts = parse_allowed_hosts(args.allowed_hosts, args.host)
     limits = ServerLimits(max_n=args.max_n, max_prompts=args.max_prompts, max_stop=args.max_stop,
                           max_stop_chars=args.max_stop_chars, max_prompt_tokens=args.max_prompt_tokens,
-                          max_body_bytes=int(args.max_body_mb * 1024 * 1024))
+                          max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+                          max_request_tokens=args.max_request_tokens)
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -208,6 +265,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
         batch_window_s=args.batch_window_ms / 1000.0,
         seed=args.seed,
         owns_weights=True,
+        max_rows_per_group=args.max_request_rows,
     )
     name = args.served_model_name or (args.model if not Path(args.model).is_dir() else Path(args.model).name)
     return ServerState(
@@ -225,6 +283,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
         tool_parser=get_tool_parser(args.tool_call_parser),
         control_routes=args.control_routes,
         max_weight_bucket_bytes=int(args.max_weight_bucket_mb * 1024 * 1024),
+        control_token=args.control_token,
     )
 
 
@@ -256,6 +315,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"hybridflow serve: model {state.model_name!r} at http://{args.host}:{args.port}/v1"
           + (" (API key required)" if args.api_key else ""), flush=True)
+    if args.control_token_generated:
+        # Printed so that the one who started the server can hand it to the trainer
+        # (rollout engine_kwargs.api_key) or to curl; a new one is made at every start.
+        print(f"hybridflow serve: control token (the control routes need 'Authorization: Bearer TOKEN'; "
+              f"set {CONTROL_TOKEN_ENV} to choose it): {args.control_token}", flush=True)
     uvicorn.run(build_app(state), host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=args.shutdown_timeout_s)
     return 0

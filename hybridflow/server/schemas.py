@@ -21,6 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hybridflow.server.checks import check_depth
+
 MAX_TOP_LOGPROBS = 20
 # Below 1e-3 sampling is greedy for every logit gap above ~0.02 anyway, and logits / T stays
 # many orders of magnitude inside float32's range for any real model's logits; above 100 the
@@ -43,6 +45,15 @@ def _check_temperature(value: float) -> float:
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_too_deep(cls, data: Any) -> Any:
+        # Before any field is read: the template helpers, jinja and pydantic's own serializer
+        # recurse into nested values (chat_template_kwargs, tools), and a RecursionError there
+        # was a 500 with a traceback thousands of lines long.
+        check_depth(data)
+        return data
 
 
 class StreamOptions(_Body):

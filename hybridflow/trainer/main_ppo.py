@@ -154,7 +154,7 @@ def code_sandbox_spec(config: PPOConfig) -> CodeSandboxSpec:
             service = LocalSandboxService(limits, max_concurrent=os.cpu_count() or 1,
                                           allow_weak_isolation=spec.allow_weak_isolation)
             print(f"code rewards: local sandbox service at {service.url} ({service.health['isolation']})")
-            spec = dataclasses.replace(spec, url=service.url)
+            spec = dataclasses.replace(spec, url=service.url, token=service.token)
     return spec
 
 

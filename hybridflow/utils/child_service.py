@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import socket
 import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -23,16 +24,20 @@ def free_loopback_port() -> int:
 
 class ChildService:
     """``command(port)`` started on 127.0.0.1; ``url``/``address`` once ``health_path`` answers
-    200 (its JSON body in ``health``). ``what`` names the service in errors, which include its output."""
+    200 (its JSON body in ``health``). ``what`` names the service in errors, which include its output.
+    ``env`` is added to this process's environment for the child (a secret there stays out of
+    the process list, where command-line arguments are visible to every user)."""
 
     def __init__(self, command: Callable[[int], list[str]], what: str, *, health_path: str = "/health",
-                 start_timeout_s: float = 60.0) -> None:
+                 start_timeout_s: float = 60.0, env: Mapping[str, str] | None = None) -> None:
         port = free_loopback_port()
         self.what = what
         self.address = f"127.0.0.1:{port}"
         self.url = f"http://{self.address}"
         self._log = tempfile.TemporaryFile(mode="w+")
-        self._proc = subprocess.Popen(command(port), stdout=self._log, stderr=subprocess.STDOUT, text=True)
+        child_env = {**os.environ, **env} if env else None
+        self._proc = subprocess.Popen(command(port), stdout=self._log, stderr=subprocess.STDOUT, text=True,
+                                      env=child_env)
         atexit.register(self.close)
         deadline = time.monotonic() + start_timeout_s
         while True:

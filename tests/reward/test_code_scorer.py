@@ -149,7 +149,8 @@ def test_reward_manager_scores_code_through_the_local_service(make_batch, tokeni
     good, bad = fenced("def add(a, b):\n    return a + b"), fenced("def add(a, b):\n    return a - b")
     batch, lengths = make_batch([good, bad], [CALL_TESTS, CALL_TESTS], data_sources=["apps", DATA_SOURCE])
     service = LocalSandboxService(SandboxLimits(wall_s=15), max_concurrent=4, allow_weak_isolation=True)
-    spec = CodeSandboxSpec(url=service.url, timeout_s=15)  # generous: the machine may be busy
+    # the service's token, as hybridflow train hands it on; timeout generous: the machine may be busy
+    spec = CodeSandboxSpec(url=service.url, token=service.token, timeout_s=15)
     manager = build_reward_manager("prime", tokenizer, num_workers=2, timeout_s=60, code_sandbox=spec)
     try:
         reward, info = manager(batch)

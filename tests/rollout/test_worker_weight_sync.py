@@ -104,21 +104,22 @@ def test_an_update_without_a_change_only_stamps_the_version(tiny_model_dir, shar
 
 
 @pytest.fixture
-def serve(tiny_model_dir) -> Iterator[tuple[str, object]]:
-    """``hybridflow serve``'s app on the tiny model folder, with the control routes on."""
+def serve(tiny_model_dir) -> Iterator[tuple[str, object, str]]:
+    """``hybridflow serve``'s app on the tiny model folder, with the control routes on (and the
+    control token it generated, which the trainer's client sends as its api_key)."""
     pytest.importorskip("fastapi")
     from hybridflow.server.app import build_app
     from hybridflow.server.main import build_state, parse_args
 
     state = build_state(parse_args(["--model", str(tiny_model_dir), "--dtype", "fp32", "--control-routes"]))
     with serve_in_thread(build_app(state)) as url:
-        yield url, state.engine
+        yield url, state.engine, state.control_token
 
 
 def test_http_backend_generates_on_the_server_and_pushes_the_updates(tiny_model_dir, encode, share_name, serve):
-    url, engine = serve
+    url, engine, token = serve
     config = _config(tiny_model_dir, "actor_rollout_ref.rollout.checkpoint_engine.backend=http",
-                     f"actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs={{url: '{url}'}}",
+                     f"actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs={{url: '{url}', api_key: '{token}'}}",
                      "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1")
     actor = ActorWorker(config.actor_rollout_ref, share_name=share_name)
     actor.init_model()

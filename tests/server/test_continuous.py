@@ -183,6 +183,43 @@ def test_max_rows_holds_requests_back_until_there_is_room():
         batcher.submit(GenRequest((4,), greedy(2, n=3)))
 
 
+def finish_steps(batcher: ContinuousBatcher, arrivals: dict[int, list[GenRequest]], max_steps: int = 100) -> list[int]:
+    """The step at which each request finished, in submission order (``arrivals`` as in run_all)."""
+    done, order = {}, []
+    for step in range(max_steps):
+        order += [batcher.submit(request) for request in arrivals.get(step, [])]
+        done.update((handle, step) for handle, _ in batcher.step())
+        if batcher.idle and step >= max(arrivals):
+            break
+    return [done[h] for h in order]
+
+
+def test_a_call_that_arrives_later_gets_rows_before_the_running_calls_next_requests():
+    """Four 6-token requests of one call (group 1) on 4 rows with a cap of 2 per call: two run,
+    two wait. A 2-token request of another call arriving at step 2 joins at once and is done at
+    step 3; the first call's other two start when its first two end (step 6)."""
+    batcher = ContinuousBatcher(ChainDecoder(), PAD, max_rows=4, max_rows_per_group=2)
+    big = [GenRequest((4 + i,), greedy(6), group=1) for i in range(4)]
+    steps = finish_steps(batcher, {0: big, 2: [GenRequest((9,), greedy(2), group=2)]})
+    assert steps == [5, 5, 11, 11, 3]
+    # Without groups and caps admission is first come, first served: the late one waits.
+    fifo = ContinuousBatcher(ChainDecoder(), PAD, max_rows=4)
+    ungrouped = [GenRequest((4 + i,), greedy(6)) for i in range(4)]
+    assert finish_steps(fifo, {0: ungrouped, 2: [GenRequest((9,), greedy(2))]}) == [5, 5, 5, 5, 7]
+
+
+def test_a_smaller_request_does_not_overtake_the_one_whose_turn_it_is():
+    """Call C (n=3) is next but does not fit beside the running call; call D (n=1), which
+    came after it, would fit and still waits: both start when the rows are free (no
+    starvation of large requests)."""
+    batcher = ContinuousBatcher(ChainDecoder(), PAD, max_rows=4)
+    running = GenRequest((4,), greedy(5, n=2), group=1)
+    c, d = GenRequest((5,), greedy(2, n=3), group=2), GenRequest((6,), greedy(2), group=3)
+    assert finish_steps(batcher, {0: [running], 1: [c, d]}) == [4, 6, 6]
+    with pytest.raises(ValueError, match="max_rows_per_group must be >= 1"):
+        ContinuousBatcher(ChainDecoder(), PAD, max_rows_per_group=0)
+
+
 def test_abort_running_forgets_admitted_requests_and_keeps_the_queue():
     batcher = ContinuousBatcher(ChainDecoder(), PAD)
     first = batcher.submit(GenRequest((4,), greedy(5)))

@@ -38,6 +38,7 @@ def _call(guard_kwargs: dict, headers: dict[str, str], chunks: list[bytes] = (b"
 
     guard = RequestGuard(app, **{"allowed_hosts": default_allowed_hosts("127.0.0.1"), "api_key": None,
                                  "max_body_bytes": 100, **guard_kwargs})
+    headers = {"content-type": "application/json", **headers}  # the guard refuses other body types (415)
     scope = {"type": "http", "method": "POST", "path": "/v1/completions",
              "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}
     queue = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -63,6 +63,7 @@ class CodeSandboxSpec:
     timeout_s: float = 5.0
     all_or_nothing: bool = False
     allow_weak_isolation: bool = False
+    token: str | None = field(default=None, repr=False)  # the trainer's own `hybridflow sandbox` child's
 
 
 @lru_cache(maxsize=8)
@@ -70,7 +71,7 @@ def sandbox_client(spec: CodeSandboxSpec) -> SandboxClient:
     """One client per spec and process (the local sandbox detects its isolation once)."""
     if spec.url:
         return FusionSandbox(spec.url, max_concurrent=spec.max_concurrent, memory_mb=spec.memory_limit_mb,
-                             timeout_s=spec.timeout_s)
+                             timeout_s=spec.timeout_s, token=spec.token)
     limits = SandboxLimits(wall_s=spec.timeout_s, memory_mb=spec.memory_limit_mb)
     return LocalSandbox(limits, max_concurrent=spec.max_concurrent,
                         allow_weak_isolation=spec.allow_weak_isolation, what="the code reward")
