@@ -12,18 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from hybridflow.utils.errors import short_repr
+
 
 def parse_bool(value: Any, key: str) -> bool:
     """``value`` when it is a ``bool``; ``ValueError`` naming ``key`` for anything else."""
     if isinstance(value, bool):
         return value
     hint = " (write true or false without quotes)" if isinstance(value, str) else ""
-    raise ValueError(f"{key} must be true or false, got {type(value).__name__} {_show(value)}{hint}")
+    raise ValueError(f"{key} must be true or false, got {type(value).__name__} {short_repr(value)}{hint}")
 
-
-def _show(value: Any) -> str:
-    try:
-        text = repr(value)
-    except ValueError:  # an int past Python's digit limit for str()
-        return "(too long to show)"
-    return text if len(text) <= 80 else text[:77] + "..."

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 DEBUG_ENV: tuple[str, ...] = ("HYBRIDFLOW_DEBUG", "HYDRA_FULL_ERROR")
 EXIT_BAD_INPUT = 2
@@ -65,3 +66,13 @@ def one_paragraph(exc: BaseException) -> str:
     if isinstance(exc, (InputError, FileNotFoundError)):
         return text or type(exc).__name__
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for an error message about a bad value (an
+    int past Python's digit limit for ``str()`` cannot even be shown)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return "(too long to show)"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

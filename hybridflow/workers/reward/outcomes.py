@@ -17,6 +17,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridflow.utils.errors import short_repr
 from hybridflow.workers.reward.executors import ERROR, OK, TIMEOUT, CallResult
 
 SCORE = "score"
@@ -56,13 +57,6 @@ def _describe_large(value: numbers.Real) -> str:
     return f"a {type(value).__name__} beyond the float range"
 
 
-def _show(value: Any) -> str:
-    try:
-        text = repr(value)
-    except ValueError:  # an int past Python's digit limit for str()
-        return "(too long to show)"
-    return text if len(text) <= 80 else text[:77] + "..."
-
 
 def _check_extra(key: Any, value: Any) -> None:
     """Refuse a number in a dict result's other entries that cannot become a float."""
@@ -72,7 +66,7 @@ def _check_extra(key: Any, value: Any) -> None:
 
 def _finite(value: Any, what: str) -> float:
     if not isinstance(value, numbers.Real):
-        raise ScoreTypeError(f"{what} must be a real number, got {type(value).__name__}: {_show(value)}")
+        raise ScoreTypeError(f"{what} must be a real number, got {type(value).__name__}: {short_repr(value)}")
     result = _as_float(value, what)
     if not math.isfinite(result):
         raise ScoreTypeError(f"{what} is {result}, not a finite number")
@@ -135,7 +129,7 @@ def scored_extra_floats(extra_info: Any, key: str, what: str) -> list[float]:
         elif isinstance(value, numbers.Real):
             out.append(float(value))  # scoring refused entries too large for a float
         else:
-            raise ValueError(f"{what}: the scorer's {key!r} of item {i} is {_show(value)}, not a number")
+            raise ValueError(f"{what}: the scorer's {key!r} of item {i} is {short_repr(value)}, not a number")
     return out
 
 
