@@ -15,6 +15,15 @@ REPO_ROOT = str(Path(__file__).resolve().parents[1])
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
+# Property tests draw the same examples on every run (the suite is deterministic): a failure found
+# once is found again, on every CPU kind. Exploring new examples is a deliberate local run with
+# HYPOTHESIS_PROFILE=explore.
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("deterministic", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
+
 TINY_EOS_ID = 2  # <|im_end|> in the tiny tokenizer
 TINY_PAD_ID = 3
 

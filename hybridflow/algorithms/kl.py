@@ -6,7 +6,7 @@ d = ℓ − ℓ_ref per token, ℓ = log-prob under the policy, ℓ_ref under th
 * ``kl`` / ``k1``          d
 * ``abs``                  |d|
 * ``mse`` / ``k2``         ½ d²
-* ``low_var_kl`` / ``k3``  u = clamp(ℓ_ref − ℓ, −20, 20);  clamp(exp(u) − u − 1, −10, 10)  (≥ 0)
+* ``low_var_kl`` / ``k3``  u = clamp(ℓ_ref − ℓ, −20, 20);  clamp(exp(u) − u − 1, 0, 10)  (≥ 0)
 * a ``+`` suffix (``k1+``, ``k3+``, ``low_var_kl+``): the value of the base estimator with the
   gradient of k2 (straight-through: k2 − sg(k2) + sg(base)); ``k2+`` / ``mse+`` equal k2.
 
@@ -48,9 +48,13 @@ def _k2(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
 
 
 def _k3(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
-    """k3 = exp(u) − u − 1 with u = clamp(ℓ_ref − ℓ, ±20), clamped to [−10, 10]; ≥ 0, low variance."""
+    """k3 = exp(u) − u − 1 with u = clamp(ℓ_ref − ℓ, ±20), clamped to [0, 10]; ≥ 0, low variance.
+
+    Computed as expm1(u) − u: for |u| near fp32's resolution, exp(u) − u − 1 rounds to −u < 0
+    (u = −6e-8 gave −6e-8). The lower clamp is 0, not verl's −10 (which a non-negative value
+    never reaches): it only removes what rounding leaves below zero."""
     u = torch.clamp(ref_logprob - logprob, min=-_LOG_RATIO_BOUND, max=_LOG_RATIO_BOUND)
-    return torch.clamp(torch.exp(u) - u - 1, min=-_K3_BOUND, max=_K3_BOUND)
+    return torch.clamp(torch.expm1(u) - u, min=0.0, max=_K3_BOUND)
 
 
 for _name, _fn in (

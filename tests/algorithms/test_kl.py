@@ -161,3 +161,12 @@ def test_check_kl_penalty_name():
         check_kl_penalty_name(name)
     with pytest.raises(ValueError, match="'\\+' suffix"):
         check_kl_penalty_name("k4")
+
+
+def test_k3_of_a_log_ratio_at_fp32_resolution_is_not_negative():
+    # exp(u) − u − 1 rounds to −u for u = −2^-24: found by a property test on a 1-thread run
+    for u in (-(2.0**-24), 2.0**-24, -(2.0**-30), 1e-7):
+        value = kl_penalty(torch.tensor([u]), torch.tensor([0.0]), "k3").item()
+        assert 0.0 <= value <= 1e-13, u
+    # and it still equals e^u − u − 1 where that is well-conditioned
+    assert kl_penalty(torch.tensor([0.0]), torch.tensor([1.0]), "k3").item() == pytest.approx(math.e - 2, rel=1e-6)
