@@ -1,4 +1,4 @@
-"""The hybridflow side of the comparison: the real trainer (``main_ppo.build_trainer``) stepping GRPO.
+"""The hybridflow side of the comparison: the real trainer (``entrypoints.train.build_trainer``) stepping GRPO.
 
     python benchmarks/_hybridflow_side.py --settings SETTINGS.json --out RESULT.json
 
@@ -159,9 +159,13 @@ def run(settings: BenchSettings) -> dict[str, Any]:
     import torch
 
     from hybridflow.config import load_config
-    from hybridflow.models import load_tokenizer, policy_attn_implementation, resolve_model_path
+    from hybridflow.entrypoints.train import build_trainer
+    from hybridflow.models import (
+        load_tokenizer,
+        policy_attn_implementation,
+        resolve_model_path,
+    )
     from hybridflow.models.packed_attention import base_of
-    from hybridflow.trainer.main_ppo import build_trainer
 
     torch.set_num_threads(settings.threads)
     setup_start = time.perf_counter()

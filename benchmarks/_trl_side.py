@@ -29,7 +29,7 @@ from common import BenchSettings, LearningClock, peak_rss_self_mb, side_main  # 
 from hybridflow import fields as F  # noqa: E402
 from hybridflow.data.io import read_rows  # noqa: E402
 from hybridflow.data.schema import PROMPT_KEY  # noqa: E402
-from hybridflow.workers.reward import default_compute_score, normalize_result  # noqa: E402
+from hybridflow.reward import default_compute_score, normalize_result  # noqa: E402
 
 # Update diagnostics kept per step (TRL's logged names; the hybridflow side maps its own to them).
 TRAIN_METRICS = ("grad_norm", "kl", "entropy")

@@ -19,9 +19,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -134,7 +134,7 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
 def write_arithmetic_task(out_dir: Path, train_size: int, test_size: int, seed: int = 0, digits: int = 2) -> Path:
     """The built-in arithmetic task (``hybridflow data arithmetic``) in ``out_dir``; returns the folder."""
     sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing
-    from hybridflow.data.__main__ import main as data_main
+    from hybridflow.entrypoints.data import main as data_main
 
     argv = ["arithmetic", "--out", str(out_dir), "--train-size", str(train_size), "--test-size", str(test_size),
             "--seed", str(seed), "--digits", str(digits)]

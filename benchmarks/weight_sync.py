@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import describe_machine, hardware_facts, machine_facts  # noqa: E402
 from hybridflow.engine import TorchEngine  # noqa: E402
-from hybridflow.inference.engine import GenerationEngine  # noqa: E402
+from hybridflow.inference.generation_engine import GenerationEngine  # noqa: E402
 from hybridflow.inference.weights import load_named_tensors  # noqa: E402
 from hybridflow.models import load_model_and_tokenizer, parse_dtype  # noqa: E402
 from hybridflow.weight_sync import ModuleTarget, build_weight_sync  # noqa: E402
@@ -61,7 +61,8 @@ def _serve(model: torch.nn.Module, tokenizer) -> tuple[str, object]:
     """``hybridflow serve``'s app on ``model`` (control routes on) under uvicorn in a thread."""
     import uvicorn
 
-    from hybridflow.server.app import ServerState, build_app
+    from hybridflow.server.app import build_app
+    from hybridflow.server.state import ServerState
     from hybridflow.server.text import TextCodec
 
     engine = GenerationEngine(model, tokenizer.pad_token_id, owns_weights=True)

@@ -6,7 +6,7 @@
 The trainer serves the judge (``hybridflow serve``) on loopback and passes its ``"host:port"``
 as ``reward_router_address``. The score is the judge's probability of "yes" against "no",
 ``sigmoid(log p(yes) − log p(no))`` = ``p(yes) / (p(yes) + p(no))``, from the log-probs of
-its first answer token (:func:`hybridflow.workers.reward.judge.judge_yes_no`).
+its first answer token (:func:`hybridflow.reward.judge.judge_yes_no`).
 
 The question comes from the row's ``extra_info``: its ``question``, or for the built-in
 ``arithmetic`` task (whose ``extra_info`` holds ``expression`` and ``answer``) "What is
@@ -21,7 +21,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from hybridflow.workers.reward.judge import NO, YES, JudgeError, judge_yes_no, render_judge_messages
+from hybridflow.reward.judge import (
+    NO,
+    YES,
+    JudgeError,
+    judge_yes_no,
+    render_judge_messages,
+)
 
 
 def _question(extra_info: dict[str, Any] | None) -> str:

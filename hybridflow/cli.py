@@ -1,7 +1,8 @@
 """The ``hybridflow`` console command: one subcommand per entry point.
 
-Each subcommand forwards the rest of the command line to the entry point's own ``main``,
-so ``hybridflow train a.b=c`` is exactly ``python -m hybridflow.trainer.main_ppo a.b=c``.
+Each subcommand forwards the rest of the command line to the entry point's own ``main``
+(``hybridflow.entrypoints.<module>``), so ``hybridflow train a.b=c`` is exactly
+``python -m hybridflow.entrypoints.train a.b=c``.
 """
 
 from __future__ import annotations
@@ -12,26 +13,43 @@ import sys
 
 from hybridflow.utils.errors import DEBUG_ENV
 
-# subcommand -> (module with a ``main(argv)`` function, one-line help)
+# subcommand -> (entry point module with a ``main(argv)`` function, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("hybridflow.trainer.main_ppo", "RL post-training (PPO, GRPO, ...) with verl-style overrides"),
-    "sft": ("hybridflow.trainer.main_sft", "supervised fine-tuning on prompt/response or multi-turn chat data"),
-    "rm": ("hybridflow.trainer.main_rm", "train a Bradley–Terry reward model on prompt/chosen/rejected pairs"),
-    "data": ("hybridflow.data.__main__", "write a built-in task's train/test files"),
-    "config": ("hybridflow.config.__main__", "print the fully resolved config for a set of overrides"),
-    "plot": ("hybridflow.trainer.main_plot", "draw a run directory's curves into a PNG"),
-    "eval": ("hybridflow.trainer.main_eval", "score a file of generated responses: mean@N, best@N, maj@N per data source"),
-    "export": ("hybridflow.trainer.main_merge", "checkpoint → Hugging Face folder (merge), or compare with a reference (test)"),
-    "generate": ("hybridflow.trainer.main_generation", "sample N responses per prompt of a parquet/jsonl file (resumable)"),
-    "serve": ("hybridflow.server.main", "OpenAI-compatible HTTP server over the built-in sampler (continuous batching)"),
-    "sandbox": ("hybridflow.sandbox.__main__", "local code-execution sandbox service (Sandbox Fusion's /run_code)"),
+    "train": ("hybridflow.entrypoints.train", "RL post-training (PPO, GRPO, ...) with verl-style overrides"),
+    "sft": ("hybridflow.entrypoints.sft", "supervised fine-tuning on prompt/response or multi-turn chat data"),
+    "rm": ("hybridflow.entrypoints.rm", "train a Bradley–Terry reward model on prompt/chosen/rejected pairs"),
+    "data": ("hybridflow.entrypoints.data", "write a built-in task's train/test files"),
+    "config": ("hybridflow.entrypoints.config", "print the fully resolved config for a set of overrides"),
+    "plot": ("hybridflow.entrypoints.plot", "draw a run directory's curves into a PNG"),
+    "eval": (
+        "hybridflow.entrypoints.eval",
+        "score a file of generated responses: mean@N, best@N, maj@N per data source",
+    ),
+    "export": (
+        "hybridflow.entrypoints.export",
+        "checkpoint → Hugging Face folder (merge), or compare with a reference (test)",
+    ),
+    "generate": (
+        "hybridflow.entrypoints.generate",
+        "sample N responses per prompt of a parquet/jsonl file (resumable)",
+    ),
+    "serve": (
+        "hybridflow.entrypoints.serve",
+        "OpenAI-compatible HTTP server over the built-in sampler (continuous batching)",
+    ),
+    "sandbox": ("hybridflow.entrypoints.sandbox", "local code-execution sandbox service (Sandbox Fusion's /run_code)"),
 }
 
 
 def _usage() -> str:
     width = max(len(c) for c in COMMANDS)
-    lines = ["usage: hybridflow [--debug] COMMAND [ARGS...]", "",
-             "--debug: show the full traceback of input errors too (= HYBRIDFLOW_DEBUG=1)", "", "commands:"]
+    lines = [
+        "usage: hybridflow [--debug] COMMAND [ARGS...]",
+        "",
+        "--debug: show the full traceback of input errors too (= HYBRIDFLOW_DEBUG=1)",
+        "",
+        "commands:",
+    ]
     lines += [f"  {name.ljust(width)}  {help_}" for name, (_, help_) in COMMANDS.items()]
     return "\n".join(lines)
 

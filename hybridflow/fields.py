@@ -6,6 +6,11 @@ so batches move between the two frameworks unchanged.
 
 Shape patterns: ``B`` rows; ``L`` = prompt + response length; ``P`` prompt length;
 ``T`` response length; ``()`` a per-row non-tensor (numpy object array of length B).
+
+The keys of ``DataProto.meta_info`` (per-batch facts) are declared here too, as ``META_*``
+constants with their meaning in :data:`META_KEYS`. ``meta_info`` carries facts about the
+batch's data (how to sample it, which weights generated it), never a worker's options or
+its metrics: options are arguments of the worker method, metrics its return value.
 """
 
 from __future__ import annotations
@@ -86,5 +91,55 @@ FIELDS: dict[str, Field] = {
         Field(REWARD_MODEL, "()", False, "dict with style and ground_truth"),
         Field(EXTRA_INFO, "()", False, "dict of per-row extras (split, index, ...)"),
         Field(RAW_PROMPT, "()", False, "the chat messages before templating"),
+    ]
+}
+
+
+# --- meta_info keys (per-batch facts; verl's names) -----------------------------------------
+@dataclass(frozen=True)
+class MetaKey:
+    name: str
+    doc: str
+
+
+# Set by the caller of a rollout, for that call only (unset: the rollout's configuration).
+META_EOS_TOKEN_ID = "eos_token_id"
+META_STOP_TOKEN_IDS = "stop_token_ids"
+META_PAD_TOKEN_ID = "pad_token_id"
+META_DO_SAMPLE = "do_sample"
+META_TEMPERATURE = "temperature"
+META_TOP_K = "top_k"
+META_TOP_P = "top_p"
+META_VALIDATE = "validate"
+META_N = "n"
+META_RESPONSE_LENGTH = "response_length"
+META_SEED = "seed"
+META_PROGRESS_DESC = "progress_desc"
+META_CHAT_TEMPLATE_KWARGS = "chat_template_kwargs"
+# Set by the rollout worker on what it generated.
+META_WEIGHT_VERSION = "weight_version"
+# verl's metrics key: ``DataProto.concat`` merges it into one list per name. hybridflow's worker
+# methods return metrics as values; only the agent loops' collate (hybridflow.agent) still
+# hands its metrics to the rollout under this key, and the rollout takes them out.
+META_METRICS = "metrics"
+
+META_KEYS: dict[str, MetaKey] = {
+    k.name: k
+    for k in [
+        MetaKey(META_EOS_TOKEN_ID, "rollout: int or list of ints that end a response ([]: none; default: EOS)"),
+        MetaKey(META_STOP_TOKEN_IDS, "rollout: extra stop token ids besides the EOS ids"),
+        MetaKey(META_PAD_TOKEN_ID, "rollout: fill id after the stop token; default the tokenizer's pad (else EOS)"),
+        MetaKey(META_DO_SAMPLE, "rollout: sample (true) or take the argmax (false)"),
+        MetaKey(META_TEMPERATURE, "rollout: sampling temperature; compute_log_prob's output: the τ it scored at"),
+        MetaKey(META_TOP_K, "rollout: top-k cut-off (-1 / 0: none)"),
+        MetaKey(META_TOP_P, "rollout: nucleus mass (1.0: none)"),
+        MetaKey(META_VALIDATE, "rollout: sample with rollout.val_kwargs instead of the training settings"),
+        MetaKey(META_N, "rollout: responses per input row, interleaved (row i answers prompt i // n)"),
+        MetaKey(META_RESPONSE_LENGTH, "rollout: most new tokens per response"),
+        MetaKey(META_SEED, "rollout: seed of a fresh generator for this call (the trainer's per-step seed)"),
+        MetaKey(META_PROGRESS_DESC, "rollout: title of a progress bar over the response tokens (none: no bar)"),
+        MetaKey(META_CHAT_TEMPLATE_KWARGS, "agent loops: chat-template kwargs for rendering turns (the dataset's)"),
+        MetaKey(META_WEIGHT_VERSION, "rollout output: the weight version (global step) that generated the batch"),
+        MetaKey(META_METRICS, "verl's metrics dict (concat merges it into lists); only the agent collate sets it"),
     ]
 }

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hybridflow.config.secrets import redact
+from hybridflow.engine.checkpoint import atomic_write_text
 
 # The few metrics the console line shows, in this order, with short labels.
 CONSOLE_KEYS: tuple[tuple[str, str], ...] = (
@@ -100,7 +101,8 @@ class JsonlBackend:
         """Keep the rows of steps before ``next_step``; the others (and a line cut short by a
         crash) move to ``metrics.dropped.jsonl``, so nothing is lost."""
         self._file.close()
-        kept, dropped = [], []
+        kept: list[str] = []
+        dropped: list[str] = []
         for line in self.path.read_text(encoding="utf-8").splitlines(keepends=True):
             if not line.strip():
                 continue
@@ -113,22 +115,15 @@ class JsonlBackend:
         if dropped:
             with (self.path.parent / self.DROPPED_FILE).open("a", encoding="utf-8") as f:
                 f.writelines(dropped)
-            _replace_file(self.path, "".join(kept))
-            print(f"{self.path}: {len(dropped)} row(s) from step {next_step} on, logged after the checkpoint "
-                  f"resumed from, moved to {self.DROPPED_FILE}")
+            atomic_write_text(self.path, "".join(kept))
+            print(
+                f"{self.path}: {len(dropped)} row(s) from step {next_step} on, logged after the checkpoint "
+                f"resumed from, moved to {self.DROPPED_FILE}"
+            )
         self._file = self.path.open("a", encoding="utf-8")
 
     def finish(self) -> None:
         self._file.close()
-
-
-def _replace_file(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class TensorboardBackend:

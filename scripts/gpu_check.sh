@@ -13,7 +13,7 @@
 #   2 fsdp      NCCL all-reduce + broadcast over all GPUs (torchrun), then the FSDP2 engine on
 #               CUDA against the torch engine (fp32, TF32 off: weights within 1e-4), a sharded
 #               checkpoint round trip and a bf16 mixed-precision step (scripts/gpu_check_fsdp.py)
-#   3 e2e-tiny  4 GRPO steps of `hybridflow.trainer.main_ppo` on the tiny model on CUDA with the
+#   3 e2e-tiny  4 GRPO steps of `hybridflow.entrypoints.train` on the tiny model on CUDA with the
 #               fsdp strategy (NCCL process group even on one GPU), bf16 compute
 #   4 e2e-smol  the same on SmolLM2-135M-Instruct
 #   5 engines   the InferenceServer contract suite (tests/inference/test_server_contract.py) against
@@ -72,7 +72,7 @@ result "${FSDP_LINE:-RESULT fsdp FAIL no result line; see $OUT_DIR/fsdp.log: $(t
 # --- 3/4 end to end GRPO ------------------------------------------------------------------------
 DATA="$OUT_DIR/arith"
 if [ ! -f "$DATA/train.parquet" ]; then
-    "$PY" -m hybridflow.data arithmetic --out "$DATA" --train-size 256 --test-size 16 --digits 2 \
+    "$PY" -m hybridflow.entrypoints.data arithmetic --out "$DATA" --train-size 256 --test-size 16 --digits 2 \
         > "$OUT_DIR/data.log" 2>&1 || result "RESULT data FAIL see $OUT_DIR/data.log"
 fi
 if [ "$NGPU" -gt 1 ]; then PLACEMENT="trainer.backend=ray trainer.n_gpus_per_node=$NGPU"
@@ -82,7 +82,7 @@ e2e() {  # e2e NAME MODEL: 4 GRPO steps, then one RESULT line with tokens/s
     local name="$1" model="$2" run="$OUT_DIR/run-$1"
     rm -rf "$run"
     # shellcheck disable=SC2086  # PLACEMENT holds several overrides
-    "$PY" -m hybridflow.trainer.main_ppo \
+    "$PY" -m hybridflow.entrypoints.train \
         "data.train_files=[$DATA/train.parquet]" "data.val_files=[$DATA/test.parquet]" \
         data.train_batch_size=32 data.max_prompt_length=128 data.max_response_length=64 \
         "actor_rollout_ref.model.path=$model" actor_rollout_ref.model.dtype=bf16 \

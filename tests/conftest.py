@@ -115,7 +115,7 @@ def make_config(tiny_model_dir: Path) -> Callable[..., Any]:
 @pytest.fixture(scope="session")
 def tiny_task_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built-in arithmetic task (32 train / 8 test rows, 1-digit numbers) as parquet files."""
-    from hybridflow.data.__main__ import main as data_main
+    from hybridflow.entrypoints.data import main as data_main
 
     out = tmp_path_factory.mktemp("arith")
     assert data_main(["arithmetic", "--out", str(out), "--train-size", "32", "--test-size", "8", "--digits", "1"]) == 0

@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridflow.config.__main__ import main as config_main
-from hybridflow.data.__main__ import main as data_main
 from hybridflow.data.io import write_rows
 from hybridflow.data.tasks.arithmetic import generate_arithmetic
-from hybridflow.server.main import main as serve_main
-from hybridflow.trainer.main_eval import main as eval_main
-from hybridflow.trainer.main_generation import main as generate_main
-from hybridflow.trainer.main_merge import main as export_main
-from hybridflow.trainer.main_plot import main as plot_main
-from hybridflow.trainer.main_ppo import main as train_main
-from hybridflow.trainer.main_sft import main as sft_main
+from hybridflow.entrypoints.config import main as config_main
+from hybridflow.entrypoints.data import main as data_main
+from hybridflow.entrypoints.eval import main as eval_main
+from hybridflow.entrypoints.export import main as export_main
+from hybridflow.entrypoints.generate import main as generate_main
+from hybridflow.entrypoints.plot import main as plot_main
+from hybridflow.entrypoints.serve import main as serve_main
+from hybridflow.entrypoints.sft import main as sft_main
+from hybridflow.entrypoints.train import main as train_main
 
 
 @pytest.fixture(scope="module")

@@ -41,11 +41,15 @@ LAYERS: dict[str, int] = {
     "sandbox": 3,
     "agent": 5,
     "tools": 5,
+    "reward": 5,  # controller-side scoring: managers, scorers, scorer processes, judge client
     "workers": 6,
     "trainer": 7,
     "server": 7,
     "tracking": 7,
-    "cli": 8,
+    "export": 7,  # checkpoint → Hugging Face folder; reads trainer/checkpoint.py's manifests
+    "view": 7,  # looking at runs: curves (reads tracking's metrics.jsonl), later the run viewer
+    "entrypoints": 8,  # the command-line recipes, one per `hybridflow` subcommand
+    "cli": 9,
 }
 
 

@@ -98,7 +98,9 @@ class VersionRecorder:
         if out.token_ids:
             first = out.weight_version if out.first_weight_version is None else out.first_weight_version
             self.min_version = first if self.min_version is None else min(self.min_version, first)
-            self.max_version = out.weight_version if self.max_version is None else max(self.max_version, out.weight_version)
+            self.max_version = (
+                out.weight_version if self.max_version is None else max(self.max_version, out.weight_version)
+            )
         return out
 
     def __getattr__(self, name: str) -> Any:

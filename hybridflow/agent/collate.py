@@ -30,6 +30,7 @@ from hybridflow import fields as F
 from hybridflow.agent.base import AgentLoopOutput
 from hybridflow.data.rl_dataset import left_pad
 from hybridflow.protocol import DataProto
+from hybridflow.protocol.rows import object_array
 
 NUM_TURNS = "__num_turns__"
 TOOL_CALL_COUNTS = "tool_call_counts"
@@ -118,6 +119,20 @@ def collate_trajectories(
     """
     if not outputs:
         raise ValueError("collate_trajectories needs at least one trajectory")
+    prompt_parts, response_parts = _padded_rows(outputs, prompt_length, response_length, pad_token_id)
+    tensors = _rollout_tensors(prompt_parts, response_parts, response_length)
+    columns = _non_tensor_columns(outputs, non_tensors)
+    meta = dict(meta_info or {})
+    meta["metrics"] = agent_loop_metrics(outputs)
+    return DataProto.from_dict(tensors=tensors, non_tensors=columns, meta_info=meta)
+
+
+def _padded_rows(
+    outputs: Sequence[AgentLoopOutput], prompt_length: int, response_length: int, pad_token_id: int
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """Each trajectory checked, then padded: ``(prompt ids, prompt mask, prompt positions)``
+    left-padded to ``prompt_length`` and ``(responses, response attention, response mask,
+    log-probs)`` right-padded to ``response_length``, one row per trajectory."""
     prompts, prompt_masks, prompt_positions = [], [], []
     responses = torch.full((len(outputs), response_length), pad_token_id, dtype=torch.long)
     response_attention = torch.zeros((len(outputs), response_length), dtype=torch.long)
@@ -139,14 +154,21 @@ def collate_trajectories(
         response_attention[i, :n] = 1
         response_mask[i, :n] = torch.tensor(out.response_mask, dtype=torch.long)
         log_probs[i, :n] = torch.tensor(out.response_log_probs, dtype=torch.float32)
-    prompt_ids = torch.stack(prompts)
-    prompt_mask = torch.stack(prompt_masks)
-    prompt_pos = torch.stack(prompt_positions)
+    prompt_tensors = (torch.stack(prompts), torch.stack(prompt_masks), torch.stack(prompt_positions))
+    return prompt_tensors, (responses, response_attention, response_mask, log_probs)
+
+
+def _rollout_tensors(
+    prompt_parts: tuple[torch.Tensor, ...], response_parts: tuple[torch.Tensor, ...], response_length: int
+) -> dict[str, torch.Tensor]:
+    """The plain rollout's fields (module docstring) from the padded prompt and response parts."""
+    prompt_ids, prompt_mask, prompt_pos = prompt_parts
+    responses, response_attention, response_mask, log_probs = response_parts
     response_pos = prompt_pos[:, -1:] + torch.arange(1, response_length + 1, dtype=prompt_pos.dtype)[None]
     attention_mask = torch.cat([prompt_mask, response_attention], dim=1)
     if bool((response_mask > response_attention).any()):
         raise TrajectoryError("response_mask is 1 where attention_mask is 0")
-    tensors = {
+    return {
         F.PROMPTS: prompt_ids,
         F.RESPONSES: responses,
         F.RESPONSE_MASK: response_mask,
@@ -155,6 +177,12 @@ def collate_trajectories(
         F.POSITION_IDS: torch.cat([prompt_pos, response_pos], dim=1),
         F.ROLLOUT_LOG_PROBS: log_probs,
     }
+
+
+def _non_tensor_columns(
+    outputs: Sequence[AgentLoopOutput], non_tensors: Mapping[str, np.ndarray] | None
+) -> dict[str, np.ndarray]:
+    """The carried columns (one entry per trajectory) and verl's per-trajectory agent columns."""
     columns: dict[str, np.ndarray] = {}
     for key, value in (non_tensors or {}).items():
         if len(value) != len(outputs):
@@ -162,15 +190,6 @@ def collate_trajectories(
         columns[key] = value
     columns[NUM_TURNS] = np.array([o.num_turns for o in outputs], dtype=np.int32)
     columns[TOOL_CALL_COUNTS] = np.array([o.tool_call_counts for o in outputs], dtype=np.int64)
-    columns[TURN_SCORES] = _object_column([list(o.turn_scores) for o in outputs])
-    columns[TOOL_REWARDS] = _object_column([list(o.tool_rewards) for o in outputs])
-    meta = dict(meta_info or {})
-    meta["metrics"] = agent_loop_metrics(outputs)
-    return DataProto.from_dict(tensors=tensors, non_tensors=columns, meta_info=meta)
-
-
-def _object_column(values: list[Any]) -> np.ndarray:
-    column = np.empty(len(values), dtype=object)
-    for i, value in enumerate(values):
-        column[i] = value
-    return column
+    columns[TURN_SCORES] = object_array([list(o.turn_scores) for o in outputs])
+    columns[TOOL_REWARDS] = object_array([list(o.tool_rewards) for o in outputs])
+    return columns

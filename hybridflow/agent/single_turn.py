@@ -41,6 +41,8 @@ class SingleTurnAgentLoop(AgentLoopBase):
         if ids is not None and len(ids) > 0:
             return [int(i) for i in ids]
         return render_ids(
-            self.tokenizer, row_messages(row, "single_turn_agent"), add_generation_prompt=True,
+            self.tokenizer,
+            row_messages(row, "single_turn_agent"),
+            add_generation_prompt=True,
             chat_template_kwargs=self.context.chat_template_kwargs,
         )

@@ -179,7 +179,10 @@ class IncrementalRenderer:
     def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         """The first prompt: ``messages`` with the generation prompt."""
         return render_ids(
-            self.tokenizer, messages, tools=self.tools, add_generation_prompt=True,
+            self.tokenizer,
+            messages,
+            tools=self.tools,
+            add_generation_prompt=True,
             chat_template_kwargs=self.chat_template_kwargs,
         )
 
@@ -202,7 +205,10 @@ class IncrementalRenderer:
             raise ValueError("message_ids needs at least one message")
         prefix = self.facts.prefix_ids
         full = render_ids(
-            self.tokenizer, [*_synthetic_prefix(), *messages], tools=self.tools, add_generation_prompt=True,
+            self.tokenizer,
+            [*_synthetic_prefix(), *messages],
+            tools=self.tools,
+            add_generation_prompt=True,
             chat_template_kwargs=self.chat_template_kwargs,
         )
         if tuple(full[: len(prefix)]) != prefix:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hybridflow.agent.base import AGENT_LOOPS, AgentContext, AgentLoopBase, AgentLoopOutput, row_messages
@@ -47,8 +47,8 @@ def tool_prompt_messages(
     messages: Sequence[dict[str, Any]],
     tool_schemas: Sequence[dict[str, Any]],
     *,
-    format: str = "hermes",
-    chat_template_kwargs: dict[str, Any] | None = None,
+    format: str = "hermes",  # noqa: A002 - named after the config key rollout.multi_turn.format
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """The messages the tool agent renders with ``tool_schemas``: as given when the chat
     template renders ``tools`` itself, else with the tools and the ``format``'s call syntax
@@ -73,7 +73,7 @@ class ToolAgentLoop(AgentLoopBase):
         max_parallel_calls: int = 1,
         max_tool_response_length: int = 256,
         tool_response_truncate_side: str = "middle",
-        format: str = "hermes",
+        format: str = "hermes",  # noqa: A002 - named after the config key rollout.multi_turn.format
         tool_timeout_s: float | None = 60.0,
     ) -> None:
         super().__init__(context)
@@ -100,7 +100,11 @@ class ToolAgentLoop(AgentLoopBase):
         messages = row_messages(row, "tool_agent")
         renderer = IncrementalRenderer(self.tokenizer, self.tool_schemas or None, self.context.chat_template_kwargs)
         messages = tool_prompt_messages(
-            self.tokenizer, messages, self.tool_schemas, format=self.format, chat_template_kwargs=self.context.chat_template_kwargs
+            self.tokenizer,
+            messages,
+            self.tool_schemas,
+            format=self.format,
+            chat_template_kwargs=self.context.chat_template_kwargs,
         )
         prompt_ids = renderer.prompt_ids(messages)
         session = ToolSession(

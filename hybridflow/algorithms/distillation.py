@@ -144,8 +144,9 @@ def fold_distillation_advantage(
     """(B, T): A_t ← w·A_t − c·D_t(ℓ_old, ℓ^T) on response tokens (0 elsewhere): the negative
     divergence of each sampled token is its own reward, undiscounted and not whitened.
     ``student_log_prob`` is the sampling policy's ℓ_old (no gradient)."""
-    d = sampled_token_divergence(student_log_prob.detach(), teacher_log_prob, estimator,
-                                 log_prob_min_clamp, loss_max_clamp)
+    d = sampled_token_divergence(
+        student_log_prob.detach(), teacher_log_prob, estimator, log_prob_min_clamp, loss_max_clamp
+    )
     mask = response_mask.to(advantages.dtype)
     return (reward_weight * advantages - coef * d) * mask
 

@@ -102,7 +102,10 @@ def _binary_kl(log_p: torch.Tensor, log_q: torch.Tensor, eps: float = 1e-6) -> t
 
 
 def _rejection_statistic(
-    option: str, log_ratio: torch.Tensor, mask: torch.Tensor, old_log_prob: torch.Tensor | None,
+    option: str,
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    old_log_prob: torch.Tensor | None,
     rollout_log_prob: torch.Tensor | None,
 ) -> torch.Tensor:
     """The option's statistic broadcast to (B, T)."""
@@ -164,8 +167,9 @@ def compute_rollout_rejection_mask(
     metrics["rollout_rs_masked_fraction"] = masked_mean((~keep).float(), response_mask).detach()
     rows = response_mask.sum(dim=-1) > 0
     cut_rows = ((response_mask > 0) & ~keep).any(dim=-1)
-    metrics["rollout_rs_seq_masked_fraction"] = (cut_rows[rows].float().mean() if rows.any()
-                                                 else torch.zeros((), device=keep.device)).detach()
+    metrics["rollout_rs_seq_masked_fraction"] = (
+        cut_rows[rows].float().mean() if rows.any() else torch.zeros((), device=keep.device)
+    ).detach()
     return new_mask, metrics
 
 
@@ -198,11 +202,17 @@ def rollout_corr_diagnostics(
     delta = (old_log_prob - rollout_log_prob).clamp(-SAFETY_BOUND, SAFETY_BOUND)
     seq_delta = masked_sum(old_log_prob - rollout_log_prob, mask, axis=-1)[rows].clamp(-SAFETY_BOUND, SAFETY_BOUND)
     metrics = {
-        "training_ppl": torch.exp(-mean_train).mean(), "training_log_ppl": (-mean_train).mean(),
-        "rollout_ppl": torch.exp(-mean_rollout).mean(), "rollout_log_ppl": (-mean_rollout).mean(),
-        "log_ppl_diff": diff.mean(), "log_ppl_abs_diff": diff.abs().mean(),
-        "log_ppl_diff_max": diff.max(), "log_ppl_diff_min": diff.min(), "ppl_ratio": torch.exp(diff).mean(),
-        "chi2_token": masked_mean(torch.exp(2 * delta), mask) - 1.0, "chi2_seq": torch.exp(2 * seq_delta).mean() - 1.0,
+        "training_ppl": torch.exp(-mean_train).mean(),
+        "training_log_ppl": (-mean_train).mean(),
+        "rollout_ppl": torch.exp(-mean_rollout).mean(),
+        "rollout_log_ppl": (-mean_rollout).mean(),
+        "log_ppl_diff": diff.mean(),
+        "log_ppl_abs_diff": diff.abs().mean(),
+        "log_ppl_diff_max": diff.max(),
+        "log_ppl_diff_min": diff.min(),
+        "ppl_ratio": torch.exp(diff).mean(),
+        "chi2_token": masked_mean(torch.exp(2 * delta), mask) - 1.0,
+        "chi2_seq": torch.exp(2 * seq_delta).mean() - 1.0,
     }
     if weights is not None:
         on = mask > 0
@@ -211,8 +221,10 @@ def rollout_corr_diagnostics(
         upper, lower = _parse_bounds(rollout_is_threshold, "rollout_is_threshold")
         clamped = values.clamp(min=1.0 / upper if lower is None else lower, max=upper)
         metrics |= {
-            "rollout_is_mean": mean, "rollout_is_std": values.std(unbiased=False),
-            "rollout_is_min": values.min(), "rollout_is_max": values.max(),
+            "rollout_is_mean": mean,
+            "rollout_is_std": values.std(unbiased=False),
+            "rollout_is_min": values.min(),
+            "rollout_is_max": values.max(),
             "rollout_is_eff_sample_size": 1.0 / (clamped / (clamped.mean() + 1e-8)).square().mean(),
         }
     return {key: value.detach() for key, value in metrics.items()}

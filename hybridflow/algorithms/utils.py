@@ -15,9 +15,7 @@ MASK_EPS = 1e-8
 DEFAULT_CHUNK_ROWS = 2048
 
 
-def masked_sum(
-    values: torch.Tensor, mask: torch.Tensor, axis: int | tuple[int, ...] | None = None
-) -> torch.Tensor:
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: int | tuple[int, ...] | None = None) -> torch.Tensor:
     """Σ values·mask over ``axis`` (all elements if None); NaN/inf outside the mask is ignored.
 
     ``torch.where`` first replaces unmasked entries by 0 so that ``nan * 0`` cannot poison the sum
@@ -27,9 +25,7 @@ def masked_sum(
     return (valid * mask).sum(dim=axis)
 
 
-def masked_mean(
-    values: torch.Tensor, mask: torch.Tensor, axis: int | tuple[int, ...] | None = None
-) -> torch.Tensor:
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: int | tuple[int, ...] | None = None) -> torch.Tensor:
     """masked_mean(x, m) = Σ x·m / (Σ m + 1e-8); an all-zero mask gives 0."""
     return masked_sum(values, mask, axis) / (mask.sum(dim=axis) + MASK_EPS)
 
@@ -99,8 +95,7 @@ def compute_response_mask(responses: torch.Tensor, attention_mask: torch.Tensor)
     response_length = responses.size(1)
     if attention_mask.size(1) < response_length:
         raise ValueError(
-            f"attention_mask has {attention_mask.size(1)} columns, fewer than the "
-            f"{response_length} response tokens"
+            f"attention_mask has {attention_mask.size(1)} columns, fewer than the {response_length} response tokens"
         )
     return attention_mask[:, -response_length:]
 
@@ -111,9 +106,7 @@ def _scale_by_temperature(logits: torch.Tensor, temperature: float) -> torch.Ten
     return logits if temperature == 1.0 else logits / temperature
 
 
-def logprobs_from_logits(
-    logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0
-) -> torch.Tensor:
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """log softmax(z / τ)[label] for each position: logits (..., V), labels (...) → (...).
 
     Computed as z_label − logsumexp(z), row-chunked so the (…, V) log-softmax is never
@@ -124,9 +117,7 @@ def logprobs_from_logits(
     flat_logits = logits.reshape(-1, logits.shape[-1])
     flat_labels = labels.reshape(-1)
     if flat_logits.shape[0] != flat_labels.shape[0]:
-        raise ValueError(
-            f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} disagree on the leading dims"
-        )
+        raise ValueError(f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} disagree on the leading dims")
     out_dtype = torch.promote_types(logits.dtype, torch.float32)
     pieces = []
     for start in range(0, flat_logits.shape[0], DEFAULT_CHUNK_ROWS):

@@ -41,7 +41,8 @@ class ModelConfig:
         "budget then counts real tokens",
     )
     attn_implementation: AttnImplementation = setting(
-        "auto", "attention kernel: eager, sdpa, or auto = eager on CPU for rows of ≤ 256 tokens (faster there), else sdpa"
+        "auto",
+        "attention kernel: eager, sdpa, or auto = eager on CPU for rows of ≤ 256 tokens (faster there), else sdpa",
     )
     lora_rank: int = setting(0, "LoRA rank; 0 = full fine-tuning", ge=0)
     lora_alpha: float = setting(16.0, "LoRA scaling alpha (scale = lora_alpha / lora_rank)", gt=0)
@@ -151,7 +152,8 @@ class ActorConfig:
     grad_clip: float = setting(1.0, "max global gradient norm", gt=0)
     entropy_from_logits_with_chunking: bool = setting(False, "compute entropy in vocabulary chunks to save memory")
     optim: OptimConfig = section(
-        lambda: OptimConfig(lr=1.5e-5), "actor optimizer (lr defaults to 1.5e-5: the CPU demo's GRPO, see docs/training.md)"
+        lambda: OptimConfig(lr=1.5e-5),
+        "actor optimizer (lr defaults to 1.5e-5: the CPU demo's GRPO, see docs/training.md)",
     )
     policy_loss: PolicyLossConfig = section(PolicyLossConfig, "policy loss selection and its scalars")
 
@@ -262,7 +264,8 @@ class RolloutConfig:
         CheckpointEngineConfig, "weight sync from the actor to the rollout (verl's checkpoint engine)"
     )
     free_cache_engine: bool = setting(
-        True, "free the sampler's KV cache and packed weight copies after each generation, so training phases do not hold them"
+        True,
+        "free the sampler's KV cache and packed weight copies after each generation, so training phases do not hold them",
     )
     val_kwargs: ValKwargsConfig = section(ValKwargsConfig, "sampling used for validation")
     multi_turn: MultiTurnConfig = section(MultiTurnConfig, "multi-turn / tool-use rollouts")

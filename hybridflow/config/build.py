@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from hybridflow.config.coerce import CoercionError, coerce
+from hybridflow.config.errors import ConfigError
 from hybridflow.config.spec import (
     NULL_IS_DEFAULT,
     all_paths,
@@ -26,6 +27,8 @@ from hybridflow.config.spec import (
     iter_leaves,
 )
 from hybridflow.config.verl_compat import find_ignored, renamed_to
+
+C = TypeVar("C")
 
 
 @dataclasses.dataclass
@@ -100,7 +103,7 @@ def suggest(path: str, siblings: list[str], every: list[str]) -> str:
 
 def apply(instance: Any, tree: Mapping[str, Any], problems: list[str], prefix: str = "") -> Any:
     """New instance: ``instance`` with the (pruned) user values of ``tree`` coerced to key types."""
-    cls = type(instance)
+    cls: type = type(instance)
     fields = config_fields(cls)
     types_ = field_types(cls)
     changes: dict[str, Any] = {}
@@ -130,6 +133,28 @@ def check_leaves(config: Any) -> list[str]:
             continue
         problems += _bound_problems(path, value, bounds_of(f))
     return problems
+
+
+def finalize_config(
+    cfg: C,
+    resolve: Callable[[C], C],
+    rules: Sequence[Callable[[C], list[str]]],
+    checks: Sequence[Callable[[C], list[str]]] = (),
+) -> C:
+    """Per-key checks of ``cfg`` (:func:`check_leaves`, then the extra ``checks``), then ``resolve``
+    (derived defaults), then the cross-key ``rules`` on the resolved config; each of the two check
+    stages raises one :class:`ConfigError` with all its problems. Every trainer's config goes
+    through this sequence (PPO, SFT, reward model)."""
+    problems = check_leaves(cfg)
+    for check in checks:
+        problems += check(cfg)
+    if problems:
+        raise ConfigError(problems)
+    resolved = resolve(cfg)
+    problems = [p for rule in rules for p in rule(resolved)]
+    if problems:
+        raise ConfigError(problems)
+    return resolved
 
 
 def _bound_problems(path: str, value: Any, bounds: dict[str, float]) -> list[str]:

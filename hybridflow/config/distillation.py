@@ -18,8 +18,8 @@ class TeacherModelConfig:
     """``distillation.teacher_model``: the frozen teacher and where it runs."""
 
     model_path: str | None = setting(
-        None, "teacher model folder (HF layout, or a model name known to hybridflow); it must use the student's "
-        "tokenizer"
+        None,
+        "teacher model folder (HF layout, or a model name known to hybridflow); it must use the student's tokenizer",
     )
     dtype: Dtype = setting("auto", "teacher weights: auto (bf16 where the CPU is fast at it), fp32, bf16")
     trust_remote_code: bool = setting(False, "allow custom model code in the teacher's folder")
@@ -44,13 +44,15 @@ class DistillationLossConfig:
     """``distillation.distillation_loss``: which divergence, and how it reaches the student."""
 
     loss_mode: str = setting(
-        "k3", "per-token divergence: a reverse-KL estimator on the sampled token (k1, k2, k3, low_var_kl, ...) "
-        "or a top-K loss (forward_kl_topk, jsd_topk)"
+        "k3",
+        "per-token divergence: a reverse-KL estimator on the sampled token (k1, k2, k3, low_var_kl, ...) "
+        "or a top-K loss (forward_kl_topk, jsd_topk)",
     )
     topk: int | None = setting(128, "teacher log-probs kept per position for the top-K losses", ge=1)
     use_policy_gradient: bool = setting(
-        True, "true: −divergence(ℓ_old, ℓ_teacher) is a per-token reward added to the advantage (estimators only); "
-        "false: the divergence is a loss term of the actor, differentiated directly"
+        True,
+        "true: −divergence(ℓ_old, ℓ_teacher) is a per-token reward added to the advantage (estimators only); "
+        "false: the divergence is a loss term of the actor, differentiated directly",
     )
     distillation_loss_coef: float = setting(1.0, "weight of the distillation term (advantage or loss)", ge=0)
     use_task_rewards: bool | None = setting(
@@ -69,8 +71,10 @@ class DistillationConfig:
 
     enabled: bool = setting(False, "distil from distillation.teacher_model")
     reward_weight: float | None = setting(
-        None, "weight of the task reward's advantage (0 = distillation alone); null = 1, or 0 when "
-        "distillation_loss.use_task_rewards=false", ge=0,
+        None,
+        "weight of the task reward's advantage (0 = distillation alone); null = 1, or 0 when "
+        "distillation_loss.use_task_rewards=false",
+        ge=0,
     )
     teacher_model: TeacherModelConfig = section(TeacherModelConfig, "the teacher")
     distillation_loss: DistillationLossConfig = section(DistillationLossConfig, "the distillation term")

@@ -60,7 +60,11 @@ def fill_regions(doc: str, regions: dict[str, Callable[[], str]] = DOC_REGIONS, 
         if not pattern.search(doc):
             raise ValueError(f"{where} lacks '<!-- BEGIN GENERATED: {name} -->' ... '<!-- END GENERATED: {name} -->'")
         body = render()
-        doc = pattern.sub(lambda m, body=body: f"{m.group(1)}\n{body}\n{m.group(2)}", doc)
+
+        def fill(m: re.Match[str], body: str = body) -> str:
+            return f"{m.group(1)}\n{body}\n{m.group(2)}"
+
+        doc = pattern.sub(fill, doc)
     return doc
 
 

@@ -36,11 +36,13 @@ def load_structured(root_cls: type[C], config_files: list[str] | None, overrides
     if placeholders:
         # A config printed or logged by hybridflow has its secrets replaced; loading it back must
         # not send the placeholder to a server as if it were the key.
-        raise ConfigError([
-            f"{path}: is {REDACTED!r}, the placeholder of a redacted config print-out, not a secret; give the "
-            "real value (your config file, an override, or ${oc.env:VARIABLE} to read it from the environment)"
-            for path in placeholders
-        ])
+        raise ConfigError(
+            [
+                f"{path}: is {REDACTED!r}, the placeholder of a redacted config print-out, not a secret; give the "
+                "real value (your config file, an override, or ${oc.env:VARIABLE} to read it from the environment)"
+                for path in placeholders
+            ]
+        )
     if has_interpolation(tree):
         # Resolved before pruning, so verl-only keys are judged by their values, not "${...}".
         tree = _project(resolve_interpolations(deep_merge(to_dict(root_cls()), tree)), tree)

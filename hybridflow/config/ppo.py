@@ -15,7 +15,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from hybridflow.config.actor_rollout_ref import (
-    ActorRolloutRefConfig, AttnImplementation, Dtype, OptimConfig, RolloutCorrectionConfig,
+    ActorRolloutRefConfig,
+    AttnImplementation,
+    Dtype,
+    OptimConfig,
+    RolloutCorrectionConfig,
 )
 from hybridflow.config.distillation import DistillationConfig
 from hybridflow.config.spec import section, setting
@@ -120,7 +124,8 @@ class SandboxFusionConfig:
     """``reward_model.sandbox_fusion``: a Sandbox Fusion ``/run_code`` service for code rewards."""
 
     url: str | None = setting(
-        None, "service URL (`hybridflow sandbox` or Sandbox Fusion); null = a local `hybridflow sandbox` the trainer starts"
+        None,
+        "service URL (`hybridflow sandbox` or Sandbox Fusion); null = a local `hybridflow sandbox` the trainer starts",
     )
     max_concurrent: int = setting(64, "programs in flight at once per scorer process", ge=1)
     memory_limit_mb: int = setting(1024, "memory cap of one program (MiB)", ge=32)
@@ -142,8 +147,9 @@ class RewardModelModelConfig:
     """``reward_model.model``: the reward model (docs/reward_models.md)."""
 
     path: str | None = setting(
-        None, "a reward-model folder (*ForSequenceClassification, one output, e.g. `hybridflow rm`'s hf/); with "
-        "custom_reward_function.path: a causal LM served as a judge at reward_router_address"
+        None,
+        "a reward-model folder (*ForSequenceClassification, one output, e.g. `hybridflow rm`'s hf/); with "
+        "custom_reward_function.path: a causal LM served as a judge at reward_router_address",
     )
     input_tokenizer: str | None = setting(
         None, "tokenizer that decodes the policy's responses for re-templating; null = the policy's"
@@ -165,8 +171,9 @@ class RewardModelConfig:
         None, "longest reward-model input; longer rows keep their last max_length tokens (null = no limit)", ge=2
     )
     rule_reward: Literal["off", "log", "add"] = setting(
-        "off", "with a reward model: off = its score is the reward (verl); log = also run the rule scorer and "
-        "log it (rule_score); add = reward = reward-model score + rule score"
+        "off",
+        "with a reward model: off = its score is the reward (verl); log = also run the rule scorer and "
+        "log it (rule_score); add = reward = reward-model score + rule score",
     )
     enable_resource_pool: bool = setting(False, "the reward model on its own resource pool (n_gpus_per_node × nnodes)")
     n_gpus_per_node: int = setting(0, "ranks per node of the reward model's own pool (enable_resource_pool)", ge=0)
@@ -243,9 +250,7 @@ class AlgorithmConfig:
     gdpo_reward_keys: tuple[str, ...] = setting(
         factory=tuple, help="gdpo: keys of the scorer's dict normalised separately; empty = the score only"
     )
-    gdpo_reward_weights: tuple[float, ...] = setting(
-        factory=tuple, help="gdpo: weight per reward key; empty = all 1"
-    )
+    gdpo_reward_weights: tuple[float, ...] = setting(factory=tuple, help="gdpo: weight per reward key; empty = all 1")
     rollout_correction: RolloutCorrectionConfig = section(
         RolloutCorrectionConfig, "sampler/trainer mismatch: decoupled IS weights and rejection, or bypass mode"
     )
@@ -270,7 +275,8 @@ class TrainerConfig:
     device: Literal["auto", "cpu", "cuda"] = setting("auto", "device: auto = cuda if available, else cpu")
     backend: Literal["local", "ray"] = setting("local", "worker runtime: local (in-process) or ray")
     critic_placement: Literal["colocated", "separate"] = setting(
-        "colocated", "critic ranks: in the actor's processes (colocated) or their own processes (separate resource pool)"
+        "colocated",
+        "critic ranks: in the actor's processes (colocated) or their own processes (separate resource pool)",
     )
     ray_address: str | None = setting(None, "address of a running Ray cluster; null = start a local one")
     seed: int = setting(1, "global seed (model init, sampling, shuffling)")
@@ -306,29 +312,35 @@ class AsyncTrainingConfig:
         "bounded queue; the knobs below)",
     )
     staleness_threshold: int = setting(
-        1, "fully_async: no trained sample comes from weights more than this many syncs older than the ones being "
-        "updated (0 = synchronous on-policy); one_step_off uses 1", ge=0,
+        1,
+        "fully_async: no trained sample comes from weights more than this many syncs older than the ones being "
+        "updated (0 = synchronous on-policy); one_step_off uses 1",
+        ge=0,
     )
     trigger_parameter_sync_step: int = setting(
         1, "fully_async: local updates between two weight syncs to the rollout; one_step_off uses 1", ge=1
     )
     require_batches: int = setting(
-        1, "fully_async: ppo_mini_batch_size prompt groups per local update = require_batches × ppo_mini_batch_size; "
-        "one_step_off takes data.train_batch_size", ge=1,
+        1,
+        "fully_async: ppo_mini_batch_size prompt groups per local update = require_batches × ppo_mini_batch_size; "
+        "one_step_off takes data.train_batch_size",
+        ge=1,
     )
     partial_rollout: bool = setting(
-        False, "fully_async: at a sync, abort the chunk in flight, swap the weights and resume its requests "
+        False,
+        "fully_async: at a sync, abort the chunk in flight, swap the weights and resume its requests "
         "(each response records the versions of its first and last tokens); false: the chunk finishes first",
     )
     use_rollout_log_probs: bool = setting(
-        True, "bypass mode: π_old := π_rollout (the sampler's own log-probs), unless algorithm.rollout_correction "
+        True,
+        "bypass mode: π_old := π_rollout (the sampler's own log-probs), unless algorithm.rollout_correction "
         "sets rollout_is / rollout_rs (decoupled); false keeps the configured correction",
     )
 
 
 @dataclass(frozen=True)
 class PPOConfig:
-    """Root config of the PPO/GRPO trainer (``python -m hybridflow.trainer.main_ppo``)."""
+    """Root config of the PPO/GRPO trainer (``python -m hybridflow.entrypoints.train``, ``hybridflow train``)."""
 
     data: DataConfig = section(DataConfig, "datasets and batch size")
     actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig, "policy model: actor, rollout, reference")
@@ -337,5 +349,7 @@ class PPOConfig:
     custom_reward_function: CustomRewardFunctionConfig = section(CustomRewardFunctionConfig, "user scoring function")
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "advantage estimation and KL")
     trainer: TrainerConfig = section(TrainerConfig, "loop, placement, logging, checkpoints")
-    async_training: AsyncTrainingConfig = section(AsyncTrainingConfig, "overlap generation and training (one-step-off, fully async)")
+    async_training: AsyncTrainingConfig = section(
+        AsyncTrainingConfig, "overlap generation and training (one-step-off, fully async)"
+    )
     distillation: DistillationConfig = section(DistillationConfig, "on-policy distillation from a teacher model")

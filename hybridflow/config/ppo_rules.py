@@ -1,48 +1,37 @@
-"""What a loaded PPO config must satisfy, and the derived defaults filled in once at load.
+"""What a loaded PPO config must satisfy: registry names and cross-key rules, checked at load.
 
 :func:`finalize_ppo_config` runs three phases; each collects every problem before raising, so a
 user sees all mistakes at once:
 
 1. per-key checks: types, declared bounds, and names that must exist in the algorithm registries
    (advantage estimator, policy loss, aggregation mode, KL estimators);
-2. :func:`resolve_ppo_config`: every ``None`` documented as "= <other key>" gets its value, so
-   consumers read plain values (e.g. ``clip_ratio_low`` is a float, ``critic.enable`` a bool);
+2. :func:`~hybridflow.config.ppo_defaults.resolve_ppo_config`: every ``None`` documented as
+   "= <other key>" gets its value, so consumers read plain values (e.g. ``clip_ratio_low`` is a
+   float, ``critic.enable`` a bool);
 3. cross-key rules (:data:`PPO_RULES`), e.g. batch sizes divide each other.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
-from typing import TypeVar
 
 from hybridflow.algorithms.advantages import ADV_ESTIMATORS, get_estimator_spec
 from hybridflow.algorithms.aggregation import LOSS_AGG_MODES
 from hybridflow.algorithms.kl import KL_ESTIMATORS
 from hybridflow.algorithms.policy_losses import POLICY_LOSSES
 from hybridflow.algorithms.rollout_correction import ROLLOUT_RS_OPTIONS
-from hybridflow.config.actor_rollout_ref import ActorConfig, ActorRolloutRefConfig, RolloutCorrectionConfig
-from hybridflow.config.build import check_leaves
-from hybridflow.config.distillation_rules import resolve_distillation, rule_distillation
-from hybridflow.config.errors import ConfigError
-from hybridflow.config.ppo import AlgorithmConfig, CriticConfig, PPOConfig, TrainerConfig
+from hybridflow.config.build import finalize_config
+from hybridflow.config.distillation_rules import rule_distillation
+from hybridflow.config.ppo import PPOConfig
+from hybridflow.config.ppo_defaults import resolve_ppo_config
 
 _ARR = "actor_rollout_ref"
 _RC = "algorithm.rollout_correction"
 
-T = TypeVar("T")
-
 
 def finalize_ppo_config(cfg: PPOConfig) -> PPOConfig:
     """Check ``cfg``, fill in derived defaults, check cross-key rules; raise :class:`ConfigError`."""
-    problems = check_leaves(cfg) + check_registry_names(cfg)
-    if problems:
-        raise ConfigError(problems)
-    resolved = resolve_ppo_config(cfg)
-    problems = [p for rule in PPO_RULES for p in rule(resolved)]
-    if problems:
-        raise ConfigError(problems)
-    return resolved
+    return finalize_config(cfg, resolve_ppo_config, PPO_RULES, checks=(check_registry_names,))
 
 
 # --- phase 1: names that must exist in the algorithm registries ----------------------------
@@ -85,117 +74,6 @@ def check_registry_names(cfg: PPOConfig) -> list[str]:
     return problems
 
 
-# --- phase 2: derived defaults ----------------------------------------------------------------
-
-
-def _or(value: T | None, fallback: T) -> T:
-    return fallback if value is None else value
-
-
-def resolve_ppo_config(cfg: PPOConfig) -> PPOConfig:
-    """Fill every "null = <other key>" default; the result has no such ``None`` left."""
-    arr = cfg.actor_rollout_ref
-    world_size = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-    asynchronous = cfg.async_training.mode != "sync"
-    algorithm = _resolve_algorithm(cfg.algorithm, arr.actor.policy_loss.loss_mode,
-                                   bypass=asynchronous and cfg.async_training.use_rollout_log_probs)
-    actor = _resolve_actor(arr.actor, world_size, algorithm.rollout_correction)
-    rollout = replace(
-        arr.rollout,
-        prompt_length=_or(arr.rollout.prompt_length, cfg.data.max_prompt_length),
-        response_length=_or(arr.rollout.response_length, cfg.data.max_response_length),
-        seed=_or(arr.rollout.seed, cfg.trainer.seed),
-        log_prob_use_dynamic_bsz=_or(arr.rollout.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
-        log_prob_max_token_len_per_gpu=_or(
-            arr.rollout.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu
-        ),
-        # Asynchronous training needs the sampler's log-probs (the correction) and a rollout
-        # with its own weights (it generates while the actor's change).
-        calculate_log_probs=arr.rollout.calculate_log_probs or asynchronous,
-        checkpoint_engine=_resolve_checkpoint_engine(arr.rollout.checkpoint_engine, asynchronous),
-    )
-    ref = replace(
-        arr.ref,
-        log_prob_use_dynamic_bsz=_or(arr.ref.log_prob_use_dynamic_bsz, actor.use_dynamic_bsz),
-        log_prob_max_token_len_per_gpu=_or(arr.ref.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu),
-    )
-    new_arr = ActorRolloutRefConfig(model=arr.model, actor=actor, rollout=rollout, ref=ref)
-    needs_values = get_estimator_spec(cfg.algorithm.adv_estimator).needs_values
-    return replace(
-        cfg,
-        distillation=resolve_distillation(cfg.distillation, ref),
-        algorithm=algorithm,
-        data=replace(cfg.data, seed=_or(cfg.data.seed, cfg.trainer.seed)),
-        actor_rollout_ref=new_arr,
-        critic=_resolve_critic(cfg.critic, new_arr, needs_values),
-        trainer=_resolve_trainer(cfg.trainer),
-    )
-
-
-def _resolve_algorithm(algo: AlgorithmConfig, loss_mode: str, bypass: bool = False) -> AlgorithmConfig:
-    """``rollout_rs_threshold`` null = ``rollout_is_threshold``; ``loss_mode=bypass_mode`` (the
-    loss's name) switches bypass mode on, as ``bypass_mode=true`` does; so does ``bypass``
-    (asynchronous training with ``use_rollout_log_probs``) unless a decoupled correction is set."""
-    rc = algo.rollout_correction
-    decoupled = rc.rollout_is is not None or rc.rollout_rs is not None
-    rc = replace(rc, rollout_rs_threshold=_or(rc.rollout_rs_threshold, rc.rollout_is_threshold),
-                 bypass_mode=rc.bypass_mode or loss_mode == "bypass_mode" or (bypass and not decoupled))
-    return replace(algo, rollout_correction=rc)
-
-
-def _resolve_checkpoint_engine(ce, asynchronous: bool):
-    """``naive`` means a rollout copy (``inproc``) when training is asynchronous."""
-    return replace(ce, backend="inproc") if asynchronous and ce.backend == "naive" else ce
-
-
-def _resolve_actor(actor: ActorConfig, world_size: int, correction: RolloutCorrectionConfig) -> ActorConfig:
-    """The actor reads the (resolved) rollout correction from its policy-loss section; bypass
-    mode selects the bypass loss, as verl does."""
-    strategy = actor.strategy
-    if strategy == "auto":
-        strategy = "torch" if world_size == 1 else "fsdp"
-    loss_mode = "bypass_mode" if correction.bypass_mode else actor.policy_loss.loss_mode
-    policy_loss = replace(actor.policy_loss, rollout_correction=correction, loss_mode=loss_mode)
-    return replace(
-        actor,
-        strategy=strategy,
-        clip_ratio_low=_or(actor.clip_ratio_low, actor.clip_ratio),
-        clip_ratio_high=_or(actor.clip_ratio_high, actor.clip_ratio),
-        policy_loss=policy_loss,
-    )
-
-
-def _resolve_critic(critic: CriticConfig, arr: ActorRolloutRefConfig, needs_values: bool) -> CriticConfig:
-    actor = arr.actor
-    micro = _or(critic.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size_per_gpu)
-    model = replace(
-        critic.model,
-        path=_or(critic.model.path, arr.model.path),
-        dtype=_or(critic.model.dtype, arr.model.dtype),
-        attn_implementation=_or(critic.model.attn_implementation, arr.model.attn_implementation),
-        use_remove_padding=_or(critic.model.use_remove_padding, arr.model.use_remove_padding),
-    )
-    return replace(
-        critic,
-        enable=_or(critic.enable, needs_values),
-        strategy=_or(critic.strategy, actor.strategy),
-        ppo_mini_batch_size=_or(critic.ppo_mini_batch_size, actor.ppo_mini_batch_size),
-        ppo_micro_batch_size_per_gpu=micro,
-        forward_micro_batch_size_per_gpu=_or(critic.forward_micro_batch_size_per_gpu, micro),
-        use_dynamic_bsz=_or(critic.use_dynamic_bsz, actor.use_dynamic_bsz),
-        forward_max_token_len_per_gpu=_or(critic.forward_max_token_len_per_gpu, critic.ppo_max_token_len_per_gpu),
-        ppo_epochs=_or(critic.ppo_epochs, actor.ppo_epochs),
-        shuffle=_or(critic.shuffle, actor.shuffle),
-        loss_agg_mode=_or(critic.loss_agg_mode, actor.loss_agg_mode),
-        model=model,
-    )
-
-
-def _resolve_trainer(trainer: TrainerConfig) -> TrainerConfig:
-    default_dir = f"checkpoints/{trainer.project_name}/{trainer.experiment_name}"
-    return replace(trainer, default_local_dir=_or(trainer.default_local_dir, default_dir))
-
-
 # --- phase 3: cross-key rules (each takes a resolved config, returns problems) ----------------
 
 
@@ -235,6 +113,9 @@ def rule_critic_batches(cfg: PPOConfig) -> list[str]:
     critic = cfg.critic
     if not critic.enable:
         return []
+    # filled by resolve_ppo_config (phase 2) from the actor's
+    assert critic.ppo_mini_batch_size is not None and critic.ppo_micro_batch_size_per_gpu is not None
+    assert critic.use_dynamic_bsz is not None
     return _batch_rule(
         cfg, "critic", critic.ppo_mini_batch_size, critic.ppo_micro_batch_size_per_gpu, critic.use_dynamic_bsz
     )
@@ -247,6 +128,17 @@ def rule_groups(cfg: PPOConfig) -> list[str]:
         return [
             f"algorithm.adv_estimator={name} compares responses to the same prompt, so "
             f"{_ARR}.rollout.n must be > 1 (got {n})"
+        ]
+    return []
+
+
+def rule_filter_groups(cfg: PPOConfig) -> list[str]:
+    fg = cfg.algorithm.filter_groups
+    # The filter runs where samples enter the replay buffer, before phase 6 adds the in-reward KL.
+    if fg.enable and fg.metric == "seq_final_reward" and cfg.algorithm.use_kl_in_reward:
+        return [
+            "algorithm.filter_groups.metric=seq_final_reward needs the in-reward KL, which is computed after "
+            "the groups are filtered; with algorithm.use_kl_in_reward=true filter on score or a scorer key (acc)"
         ]
     return []
 
@@ -417,24 +309,35 @@ def rule_rollout_engine(cfg: PPOConfig) -> list[str]:
         problems.append(str(err))
     key = f"{_ARR}.rollout.checkpoint_engine"
     if ce.backend not in WEIGHT_SYNC_BACKENDS:
-        hint = (" (NCCL transfers need GPU processes; on one machine use inproc, across processes http or disk)"
-                if ce.backend == "nccl" else "")
+        hint = (
+            " (NCCL transfers need GPU processes; on one machine use inproc, across processes http or disk)"
+            if ce.backend == "nccl"
+            else ""
+        )
         problems.append(f"{key}.backend={ce.backend} is not available{hint}; valid: {', '.join(WEIGHT_SYNC_BACKENDS)}")
         return problems
     allowed = {"http": {"url", "api_key", "timeout_s"}, "disk": {"dir"}}.get(ce.backend, set())
     unknown = sorted(set(ce.engine_kwargs) - allowed)
     if unknown:
-        problems.append(f"{key}.engine_kwargs: {unknown} are not options of backend {ce.backend} "
-                        f"(it takes {sorted(allowed) or 'none'})")
+        problems.append(
+            f"{key}.engine_kwargs: {unknown} are not options of backend {ce.backend} "
+            f"(it takes {sorted(allowed) or 'none'})"
+        )
     if ce.backend == "http" and not ce.engine_kwargs.get("url"):
-        problems.append(f"{key}.backend=http needs engine_kwargs.url: the `hybridflow serve --control-routes` "
-                        "address (http://host:port)")
+        problems.append(
+            f"{key}.backend=http needs engine_kwargs.url: the `hybridflow serve --control-routes` "
+            "address (http://host:port)"
+        )
     if rollout.name in ("vllm", "sglang") and ce.backend not in ("naive", "inproc"):
-        problems.append(f"{_ARR}.rollout.name={rollout.name} takes weights through its own engine: leave "
-                        f"{key}.backend at naive (or inproc), got {ce.backend}")
+        problems.append(
+            f"{_ARR}.rollout.name={rollout.name} takes weights through its own engine: leave "
+            f"{key}.backend at naive (or inproc), got {ce.backend}"
+        )
     if ce.backend == "http" and rollout.name not in ("torch", "agent_loop"):
-        problems.append(f"{key}.backend=http generates on a `hybridflow serve` process: {_ARR}.rollout.name "
-                        f"must be torch (got {rollout.name})")
+        problems.append(
+            f"{key}.backend=http generates on a `hybridflow serve` process: {_ARR}.rollout.name "
+            f"must be torch (got {rollout.name})"
+        )
     return problems
 
 
@@ -451,25 +354,32 @@ def rule_async_training(cfg: PPOConfig) -> list[str]:
     problems = []
     backend = cfg.actor_rollout_ref.rollout.checkpoint_engine.backend
     if backend == "shared":
-        problems.append(f"{key}.mode={at.mode} generates while the actor trains: the rollout needs its own weights; "
-                        f"set {_ARR}.rollout.checkpoint_engine.backend to inproc (or naive, http, disk)")
+        problems.append(
+            f"{key}.mode={at.mode} generates while the actor trains: the rollout needs its own weights; "
+            f"set {_ARR}.rollout.checkpoint_engine.backend to inproc (or naive, http, disk)"
+        )
     if at.partial_rollout and at.mode != "fully_async":
-        problems.append(f"{key}.partial_rollout=true is for mode=fully_async (one_step_off lets the batch in "
-                        "flight finish before each sync)")
+        problems.append(
+            f"{key}.partial_rollout=true is for mode=fully_async (one_step_off lets the batch in "
+            "flight finish before each sync)"
+        )
     rollout = cfg.actor_rollout_ref.rollout
     if at.partial_rollout and (rollout.name not in ("torch", "agent_loop") or backend not in ("inproc", "disk")):
-        problems.append(f"{key}.partial_rollout=true aborts and resumes the built-in engine in this process: it "
-                        f"needs {_ARR}.rollout.name=torch and checkpoint_engine.backend inproc or disk")
+        problems.append(
+            f"{key}.partial_rollout=true aborts and resumes the built-in engine in this process: it "
+            f"needs {_ARR}.rollout.name=torch and checkpoint_engine.backend inproc or disk"
+        )
     mini, batch = cfg.actor_rollout_ref.actor.ppo_mini_batch_size, cfg.data.train_batch_size
     if at.mode == "fully_async" and batch % mini:
-        problems.append(f"{key}.mode=fully_async streams mini-batches: data.train_batch_size ({batch}) must be a "
-                        f"multiple of {_ARR}.actor.ppo_mini_batch_size ({mini})")
-    if cfg.algorithm.filter_groups.enable:
-        problems.append(f"{key}.mode={at.mode} does not combine with DAPO dynamic sampling "
-                        "(algorithm.filter_groups.enable): it draws further batches inside a step")
+        problems.append(
+            f"{key}.mode=fully_async streams mini-batches: data.train_batch_size ({batch}) must be a "
+            f"multiple of {_ARR}.actor.ppo_mini_batch_size ({mini})"
+        )
     if cfg.trainer.backend == "ray" and at.partial_rollout:
-        problems.append(f"{key}.partial_rollout=true interrupts an engine in the controller's process; with "
-                        "trainer.backend=ray the rollout has processes of its own: set it to false")
+        problems.append(
+            f"{key}.partial_rollout=true interrupts an engine in the controller's process; with "
+            "trainer.backend=ray the rollout has processes of its own: set it to false"
+        )
     return problems
 
 
@@ -487,6 +397,7 @@ PPO_RULES: tuple[Callable[[PPOConfig], list[str]], ...] = (
     rule_actor_batches,
     rule_critic_batches,
     rule_groups,
+    rule_filter_groups,
     rule_gen_batch,
     rule_clipping,
     rule_policy_loss,

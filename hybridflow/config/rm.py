@@ -29,9 +29,7 @@ class RMDataConfig:
         factory=lambda: ("~/data/hybridflow/arithmetic-pairs/test.parquet",),
         help="validation parquet/jsonl file(s) for val/loss, val/accuracy, val/margin; empty = no validation",
     )
-    prompt_key: str = setting(
-        "prompt", "column holding the prompt: chat messages or a string (one user message)"
-    )
+    prompt_key: str = setting("prompt", "column holding the prompt: chat messages or a string (one user message)")
     chosen_key: str = setting(
         "chosen", "column holding the preferred reply: a string, or messages ending with the assistant turn"
     )
@@ -42,7 +40,8 @@ class RMDataConfig:
     )
     train_batch_size: int = setting(16, "pairs per optimizer step", ge=1)
     micro_batch_size_per_gpu: int = setting(
-        4, "pairs per forward/backward pass (2 sequences each; gradient accumulation); also the validation batch size",
+        4,
+        "pairs per forward/backward pass (2 sequences each; gradient accumulation); also the validation batch size",
         ge=1,
     )
     shuffle: bool = setting(True, "shuffle the training pairs each epoch")
@@ -77,7 +76,9 @@ class RMTrainerConfig(SFTTrainerConfig):
     nnodes: int = setting(1, "machines (the RM trainer runs in one process: must be 1)", ge=1)
     n_gpus_per_node: int = setting(1, "processes per machine (the RM trainer runs in one process: must be 1)", ge=1)
     test_freq: int = setting(
-        -1, "val/loss, val/accuracy, val/margin every N steps, and always after the last; ≤ 0 = only after the last", ge=-1
+        -1,
+        "val/loss, val/accuracy, val/margin every N steps, and always after the last; ≤ 0 = only after the last",
+        ge=-1,
     )
     val_before_train: bool = setting(True, "validate before the first step (logged at step 0)")
     export_hf: bool = setting(
@@ -87,7 +88,7 @@ class RMTrainerConfig(SFTTrainerConfig):
 
 @dataclass(frozen=True)
 class RMConfig:
-    """Root config of the reward-model trainer (``python -m hybridflow.trainer.main_rm``, ``hybridflow rm``)."""
+    """Root config of the reward-model trainer (``python -m hybridflow.entrypoints.rm``, ``hybridflow rm``)."""
 
     data: RMDataConfig = section(RMDataConfig, "preference pairs, lengths and batch sizes")
     model: RMModelConfig = section(RMModelConfig, "model to train (a causal LM gets a new head; full or LoRA)")

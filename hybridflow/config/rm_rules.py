@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from hybridflow.config.build import finalize_config
 from hybridflow.config.loader import load_structured
 from hybridflow.config.rm import RMConfig
 from hybridflow.config.sft_rules import (
-    finalize_config,
     resolve_seed_and_run_dir,
     rule_optim,
     rule_trainer,
@@ -52,17 +52,25 @@ def rule_data(cfg: RMConfig) -> list[str]:
     problems = []
     if not data.train_files:
         problems.append("data.train_files must name at least one file")
-    keys = {"data.prompt_key": data.prompt_key, "data.chosen_key": data.chosen_key, "data.rejected_key": data.rejected_key}
+    keys = {
+        "data.prompt_key": data.prompt_key,
+        "data.chosen_key": data.chosen_key,
+        "data.rejected_key": data.rejected_key,
+    }
     problems += [f"{key} must name a column" for key, value in keys.items() if not value]
     if data.chosen_key and data.chosen_key == data.rejected_key:
-        problems.append(f"data.chosen_key and data.rejected_key are both {data.chosen_key!r}: they must name two columns")
+        problems.append(
+            f"data.chosen_key and data.rejected_key are both {data.chosen_key!r}: they must name two columns"
+        )
     return problems
 
 
 def rule_no_packing(cfg: RMConfig) -> list[str]:
     if cfg.model.use_remove_padding:
-        return ["model.use_remove_padding=true: packed rows are implemented for the RL trainer's actor, reference "
-                "and critic passes, not for reward models; set it to false"]
+        return [
+            "model.use_remove_padding=true: packed rows are implemented for the RL trainer's actor, reference "
+            "and critic passes, not for reward models; set it to false"
+        ]
     return []
 
 

@@ -26,8 +26,17 @@ from typing import Any
 REDACTED = "<redacted>"
 
 _TOKENIZER_TOKENS = frozenset(
-    {"pad_token", "eos_token", "bos_token", "unk_token", "sep_token", "cls_token", "mask_token",
-     "additional_special_token", "special_token"}
+    {
+        "pad_token",
+        "eos_token",
+        "bos_token",
+        "unk_token",
+        "sep_token",
+        "cls_token",
+        "mask_token",
+        "additional_special_token",
+        "special_token",
+    }
 )
 _SECRET_NAME = re.compile(
     r"(^|_)(api_?key|access_?key|private_?key|token)$"
@@ -72,9 +81,7 @@ def redacted_secrets(tree: Any, prefix: str = "") -> list[str]:
     if isinstance(tree, Mapping):
         for key, value in tree.items():
             path = f"{prefix}.{key}" if prefix else str(key)
-            if isinstance(value, str) and (
-                (is_secret_key(str(key)) and value == REDACTED) or f":{REDACTED}@" in value
-            ):
+            if isinstance(value, str) and ((is_secret_key(str(key)) and value == REDACTED) or f":{REDACTED}@" in value):
                 found.append(path)
             else:
                 found += redacted_secrets(value, path)

@@ -25,7 +25,8 @@ class SFTMultiTurnConfig:
     enable: bool = setting(False, "read conversations from messages_key; the loss covers every assistant turn")
     messages_key: str = setting("messages", "column holding the list of {role, content} chat messages")
     tools_key: str | None = setting(
-        "tools", "column holding a row's tool schemas (OpenAI function schemas; absent or null = no tools); null = never read"
+        "tools",
+        "column holding a row's tool schemas (OpenAI function schemas; absent or null = no tools); null = never read",
     )
     format: str = setting(
         "hermes",
@@ -105,8 +106,12 @@ class SFTTrainerConfig:
     device: Literal["auto", "cpu", "cuda"] = setting("auto", "device: auto = cuda if available, else cpu")
     nnodes: int = setting(1, "machines (SFT runs in one process: must be 1)", ge=1)
     n_gpus_per_node: int = setting(1, "processes per machine (SFT runs in one process: must be 1)", ge=1)
-    test_freq: int = setting(-1, "validation loss every N steps, and always after the last; ≤ 0 = only after the last", ge=-1)
-    save_freq: int = setting(-1, "checkpoint every N steps, and always after the last; ≤ 0 = only after the last", ge=-1)
+    test_freq: int = setting(
+        -1, "validation loss every N steps, and always after the last; ≤ 0 = only after the last", ge=-1
+    )
+    save_freq: int = setting(
+        -1, "checkpoint every N steps, and always after the last; ≤ 0 = only after the last", ge=-1
+    )
     export_hf: bool = setting(
         True, "also write global_step_N/hf: a Hugging Face model folder (LoRA merged) usable as a model path"
     )
@@ -122,7 +127,7 @@ class SFTTrainerConfig:
 
 @dataclass(frozen=True)
 class SFTConfig:
-    """Root config of the SFT trainer (``python -m hybridflow.trainer.main_sft``, ``hybridflow sft``)."""
+    """Root config of the SFT trainer (``python -m hybridflow.entrypoints.sft``, ``hybridflow sft``)."""
 
     data: SFTDataConfig = section(SFTDataConfig, "examples, templating, lengths and batch sizes")
     model: SFTModelConfig = section(SFTModelConfig, "model to fine-tune (full or LoRA)")

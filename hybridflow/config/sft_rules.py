@@ -14,16 +14,13 @@ the seed and run-folder defaults and the single-process rule, so both trainers r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, Protocol
 
-from hybridflow.config.build import check_leaves
-from hybridflow.config.errors import ConfigError
+from hybridflow.config.build import finalize_config
 from hybridflow.config.loader import load_structured
-from hybridflow.config.sft import SFTConfig, SFTTrainerConfig
-
-C = TypeVar("C")
+from hybridflow.config.sft import SFTConfig, SFTOptimConfig, SFTTrainerConfig
 
 
 def load_sft_config(config_files: list[str] | None = None, overrides: list[str] | None = None) -> SFTConfig:
@@ -39,20 +36,6 @@ def load_sft_config(config_files: list[str] | None = None, overrides: list[str] 
 def finalize_sft_config(cfg: SFTConfig) -> SFTConfig:
     """Check ``cfg``, fill in derived defaults, check cross-key rules; raise :class:`ConfigError`."""
     return finalize_config(cfg, resolve_sft_config, SFT_RULES)
-
-
-def finalize_config(cfg: C, resolve: Callable[[C], C], rules: Sequence[Callable[[C], list[str]]]) -> C:
-    """Per-key checks of ``cfg``, then ``resolve`` (derived defaults), then the cross-key ``rules``
-    on the resolved config; each stage raises one :class:`ConfigError` with all its problems.
-    The sequence of every single-process trainer's config (SFT, reward model)."""
-    problems = check_leaves(cfg)
-    if problems:
-        raise ConfigError(problems)
-    resolved = resolve(cfg)
-    problems = [p for rule in rules for p in rule(resolved)]
-    if problems:
-        raise ConfigError(problems)
-    return resolved
 
 
 def resolve_sft_config(cfg: SFTConfig) -> SFTConfig:
@@ -113,14 +96,28 @@ def rule_data(cfg: SFTConfig) -> list[str]:
     return problems
 
 
-def rule_optim(cfg: SFTConfig) -> list[str]:
+class _WithOptim(Protocol):
+    """A root config with an SFT-style optim section (SFTConfig, RMConfig)."""
+
+    @property
+    def optim(self) -> SFTOptimConfig: ...
+
+
+class _WithTrainer(Protocol):
+    """A root config with an SFT-style trainer section (SFTConfig, RMConfig)."""
+
+    @property
+    def trainer(self) -> SFTTrainerConfig: ...
+
+
+def rule_optim(cfg: _WithOptim) -> list[str]:
     betas = cfg.optim.betas
     if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
         return [f"optim.betas must be two numbers in [0, 1), got {list(betas)}"]
     return []
 
 
-def rule_trainer(cfg: SFTConfig) -> list[str]:
+def rule_trainer(cfg: _WithTrainer) -> list[str]:
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
         return ["trainer.resume_from_path must be set when trainer.resume_mode=resume_path"]
     return []
@@ -128,8 +125,10 @@ def rule_trainer(cfg: SFTConfig) -> list[str]:
 
 def rule_no_packing(cfg: SFTConfig) -> list[str]:
     if cfg.model.use_remove_padding:
-        return ["model.use_remove_padding=true: packed rows are implemented for the RL trainer's actor, reference "
-                "and critic passes, not for SFT yet; set it to false"]
+        return [
+            "model.use_remove_padding=true: packed rows are implemented for the RL trainer's actor, reference "
+            "and critic passes, not for SFT yet; set it to false"
+        ]
     return []
 
 

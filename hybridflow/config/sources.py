@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import yaml
 from omegaconf import OmegaConf
@@ -154,7 +154,7 @@ def resolve_interpolations(tree: dict[str, Any]) -> dict[str, Any]:
     except OmegaConfBaseException as err:
         raise ConfigError(f"interpolation failed: {err}".splitlines()[0]) from None
     assert isinstance(resolved, dict)
-    return resolved
+    return cast(dict[str, Any], resolved)  # the keys are tree's (str); to_container types them as any DictKeyType
 
 
 def hydra_config_file(config_path: str | None, config_name: str | None) -> str | None:

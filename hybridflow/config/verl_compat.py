@@ -54,8 +54,12 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey("*.profiler.*", "verl profiler settings"),
     IgnoredKey("global_profiler.*", "verl profiler settings"),
     IgnoredKey("*.checkpoint.*", "checkpoint contents are always model + optimizer + extra state"),
-    IgnoredKey(f"{_ARR}.actor.use_remove_padding", "verl's copy of actor_rollout_ref.model.use_remove_padding, which is read"),
-    IgnoredKey(f"{_ARR}.ref.use_remove_padding", "verl's copy of actor_rollout_ref.model.use_remove_padding, which is read"),
+    IgnoredKey(
+        f"{_ARR}.actor.use_remove_padding", "verl's copy of actor_rollout_ref.model.use_remove_padding, which is read"
+    ),
+    IgnoredKey(
+        f"{_ARR}.ref.use_remove_padding", "verl's copy of actor_rollout_ref.model.use_remove_padding, which is read"
+    ),
     IgnoredKey("*.use_fused_kernels", "fused kernels; a speed option only"),
     IgnoredKey("*.fused_kernel_options.*", "fused kernels; a speed option only"),
     IgnoredKey("*.use_liger", "Liger kernels; a speed option only"),
@@ -71,8 +75,11 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey(f"{_ARR}.nccl_timeout", "collective timeout of verl's NCCL groups"),
     IgnoredKey(f"{_ARR}.actor.ppo_micro_batch_size", "deprecated global micro-batch; use ppo_micro_batch_size_per_gpu"),
     IgnoredKey(f"{_ARR}.ref.strategy", "the reference runs on the actor's engine"),
-    IgnoredKey(f"{_ARR}.ref.model", "a reference model other than the actor's initial weights is not supported",
-               only_when_off=True),
+    IgnoredKey(
+        f"{_ARR}.ref.model",
+        "a reference model other than the actor's initial weights is not supported",
+        only_when_off=True,
+    ),
     IgnoredKey(f"{_ARR}.ref.entropy_from_logits_with_chunking", "the reference computes no entropy"),
     IgnoredKey(f"{_ARR}.*.log_prob_micro_batch_size", "deprecated global micro-batch; use *_per_gpu"),
     IgnoredKey(f"{_ARR}.rollout.mode", "vLLM/SGLang sync or async server mode"),
@@ -95,10 +102,15 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey(f"{_ARR}.rollout.engine_kwargs.*", "extra vLLM/SGLang engine arguments"),
     IgnoredKey(f"{_ARR}.rollout.over_sample_rate", "async over-sampling"),
     IgnoredKey(f"{_ARR}.rollout.multi_stage_wake_up", "vLLM sleep/wake staging"),
-    IgnoredKey(f"{_ARR}.rollout.agent.num_workers", "agent-loop worker processes; each rollout worker runs its "
-               "rows' loops concurrently on one event loop"),
-    IgnoredKey(f"{_ARR}.rollout.agent.*", "verl's async agent-loop server settings (custom servers are not supported)",
-               only_when_off=True),
+    IgnoredKey(
+        f"{_ARR}.rollout.agent.num_workers",
+        "agent-loop worker processes; each rollout worker runs its rows' loops concurrently on one event loop",
+    ),
+    IgnoredKey(
+        f"{_ARR}.rollout.agent.*",
+        "verl's async agent-loop server settings (custom servers are not supported)",
+        only_when_off=True,
+    ),
     IgnoredKey(f"{_ARR}.rollout.trace.*", "rollout tracing"),
     IgnoredKey(f"{_ARR}.rollout.skip_rollout", "rollout dump/replay debugging"),
     IgnoredKey(f"{_ARR}.rollout.skip_dump_dir", "rollout dump/replay debugging"),
@@ -111,7 +123,9 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey("critic.model.lora_alpha", "the critic is trained in full"),
     IgnoredKey("critic.model.target_modules", "the critic is trained in full"),
     IgnoredKey("reward_model.strategy", "reward-model engine settings"),
-    IgnoredKey("reward_model.micro_batch_size", "deprecated global micro-batch; use reward_model.micro_batch_size_per_gpu"),
+    IgnoredKey(
+        "reward_model.micro_batch_size", "deprecated global micro-batch; use reward_model.micro_batch_size_per_gpu"
+    ),
     IgnoredKey("reward_model.launch_reward_fn_async", "scoring overlaps nothing here; a speed option only"),
     IgnoredKey("data.use_shm", "shared-memory data loading; a speed option only"),
     IgnoredKey("data.dataloader_num_workers", "rows are read in the trainer process; a loader-speed option only"),
@@ -126,6 +140,11 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey("trainer.del_local_ckpt_after_load", "HDFS checkpoint handling"),
     IgnoredKey("trainer.ray_wait_register_center_timeout", "verl's Ray registration timeout"),
     IgnoredKey("trainer.use_legacy_worker_impl", "verl worker implementation switch"),
+    IgnoredKey(
+        "trainer.use_v1",
+        "verl's switch to its trainer V1 (a replay buffer feeding one base trainer); "
+        "hybridflow has only that design (trainer/core.py), so true and false both run it",
+    ),
     IgnoredKey("trainer.profile_steps", "verl profiler settings"),
     IgnoredKey("trainer.profile_continuous_steps", "verl profiler settings"),
     IgnoredKey("trainer.controller_nsight_options.*", "Nsight profiler settings"),
@@ -135,8 +154,12 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey("ray_kwargs.*", "Ray start-up options (use trainer.ray_address for a running cluster)"),
     IgnoredKey("transfer_queue.*", "verl data-transfer service"),
     IgnoredKey("data.trust_remote_code", "uses actor_rollout_ref.model.trust_remote_code"),
-    IgnoredKey("reward_model.model.external_lib", "model classes come from transformers (trust_remote_code for custom code)"),
-    IgnoredKey("reward_model.model.override_config.*", "the reward model's own config is used as saved", only_when_off=True),
+    IgnoredKey(
+        "reward_model.model.external_lib", "model classes come from transformers (trust_remote_code for custom code)"
+    ),
+    IgnoredKey(
+        "reward_model.model.override_config.*", "the reward model's own config is used as saved", only_when_off=True
+    ),
     IgnoredKey("reward_model.model.use_remove_padding", "padding-free kernels; a speed option only"),
     IgnoredKey("data.custom_cls.*", "custom dataset classes are not supported", only_when_off=True),
     # verl's sft_trainer.yaml (root-level model / optim / data keys of the SFT trainer)
@@ -155,9 +178,12 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey(f"{_ARR}.actor.rollout_n", "verl's copy of actor_rollout_ref.rollout.n, which is read"),
     IgnoredKey(f"{_ARR}.ref.rollout_n", "verl's copy of actor_rollout_ref.rollout.n, which is read"),
     IgnoredKey("*.optim.optimizer", "the optimizer is torch's AdamW", only_when_off=True, off_values=("AdamW",)),
-    IgnoredKey("*.optim.optimizer_impl", "the optimizer is torch's AdamW", only_when_off=True,
-               off_values=("torch.optim",)),
-    IgnoredKey("*.optim.override_optimizer_config.*", "extra optimizer arguments are not supported", only_when_off=True),
+    IgnoredKey(
+        "*.optim.optimizer_impl", "the optimizer is torch's AdamW", only_when_off=True, off_values=("torch.optim",)
+    ),
+    IgnoredKey(
+        "*.optim.override_optimizer_config.*", "extra optimizer arguments are not supported", only_when_off=True
+    ),
     IgnoredKey("*.optim.optimizer_offload", "optimizer offload; a memory option only"),
     IgnoredKey(f"{_ARR}.actor.freeze_vision_tower", "multi-modal models are not supported", only_when_off=True),
     IgnoredKey(f"{_ARR}.rollout.freeze_vision_tower", "multi-modal models are not supported", only_when_off=True),
@@ -166,10 +192,19 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey(f"{_ARR}.actor.use_prefix_grouper", "a prompt repeated across rows always runs once per batch here"),
     IgnoredKey(f"{_ARR}.actor.calculate_sum_pi_squared", "computed exactly when the advantage estimator needs it"),
     IgnoredKey(f"{_ARR}.actor.sum_pi_squared_checkpointing", "recomputation of Σπ²; a memory option only"),
-    IgnoredKey("*.router_replay.*", "MoE router replay (no MoE support)", only_when_off=True, off_values=("disabled",),
-               switch_keys=("mode",)),
-    IgnoredKey(f"{_ARR}.rollout.logprobs_mode", "vLLM/SGLang log-prob mode; the built-in sampler returns processed "
-               "log-probs (after temperature)", only_when_off=True, off_values=("processed_logprobs",)),
+    IgnoredKey(
+        "*.router_replay.*",
+        "MoE router replay (no MoE support)",
+        only_when_off=True,
+        off_values=("disabled",),
+        switch_keys=("mode",),
+    ),
+    IgnoredKey(
+        f"{_ARR}.rollout.logprobs_mode",
+        "vLLM/SGLang log-prob mode; the built-in sampler returns processed log-probs (after temperature)",
+        only_when_off=True,
+        off_values=("processed_logprobs",),
+    ),
     IgnoredKey(f"{_ARR}.rollout.scheduling_policy", "vLLM scheduler policy"),
     IgnoredKey(f"{_ARR}.rollout.skip_tokenizer_init", "vLLM tokenizer start-up switch"),
     IgnoredKey(f"{_ARR}.rollout.enable_rollout_routing_replay", "MoE routing replay", only_when_off=True),
@@ -178,38 +213,77 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey("*.quantization", "quantized rollouts are not supported", only_when_off=True),
     IgnoredKey("*.quantization_config_file", "quantized rollouts are not supported", only_when_off=True),
     IgnoredKey("*.mtp.*", "multi-token prediction is not supported", only_when_off=True, switch_keys=("enable",)),
-    IgnoredKey(f"{_ARR}.rollout.multi_turn.*", "a verl multi_turn setting the agent loop does not implement "
-               "(e.g. num_repeat_rollouts)", only_when_off=True),
+    IgnoredKey(
+        f"{_ARR}.rollout.multi_turn.*",
+        "a verl multi_turn setting the agent loop does not implement (e.g. num_repeat_rollouts)",
+        only_when_off=True,
+    ),
     IgnoredKey(f"{_ARR}.model.hf_config_path", "a separate HF config folder is not supported", only_when_off=True),
     IgnoredKey(f"{_ARR}.model.tokenizer_path", "set data.tokenizer for a separate tokenizer", only_when_off=True),
-    IgnoredKey(f"{_ARR}.model.lora_adapter_path", "starting from saved LoRA adapters is not supported",
-               only_when_off=True),
+    IgnoredKey(
+        f"{_ARR}.model.lora_adapter_path", "starting from saved LoRA adapters is not supported", only_when_off=True
+    ),
     IgnoredKey("*.tiled_mlp.*", "tiled MLP; a memory option only"),
-    IgnoredKey("data.tool_config_path", "verl's dataset copy of actor_rollout_ref.rollout.multi_turn.tool_config_path, "
-               "which is the one read"),
+    IgnoredKey(
+        "data.tool_config_path",
+        "verl's dataset copy of actor_rollout_ref.rollout.multi_turn.tool_config_path, which is the one read",
+    ),
     IgnoredKey("data.image_patch_size", "multi-modal models are not supported; the key has no effect on text"),
-    IgnoredKey("reward_model.rollout.*", "engine settings of verl's reward-model server; a judge is served by `hybridflow serve` "
-               "with reward_model.model.dtype"),
-    IgnoredKey("reward_model.use_reward_loop", "verl's reward-loop implementation switch; rewards are computed by "
-               "reward_model.reward_manager here"),
-    IgnoredKey("reward_model.reward_loop_source", "custom reward-loop classes are not supported", only_when_off=True,
-               off_values=("register",)),
-    IgnoredKey("reward_model.reward_loop_module_path", "custom reward-loop classes are not supported", only_when_off=True),
-    IgnoredKey("reward_model.reward_loop_class_name", "custom reward-loop classes are not supported", only_when_off=True),
-    IgnoredKey("reward_manager.*", "verl's reward-manager section: its name sets reward_model.reward_manager; managers "
-               "come from the registry, custom classes (module.path) are not supported", only_when_off=True,
-               off_values=("register", "custom_reward_manager")),
+    IgnoredKey(
+        "reward_model.rollout.*",
+        "engine settings of verl's reward-model server; a judge is served by `hybridflow serve` "
+        "with reward_model.model.dtype",
+    ),
+    IgnoredKey(
+        "reward_model.use_reward_loop",
+        "verl's reward-loop implementation switch; rewards are computed by reward_model.reward_manager here",
+    ),
+    IgnoredKey(
+        "reward_model.reward_loop_source",
+        "custom reward-loop classes are not supported",
+        only_when_off=True,
+        off_values=("register",),
+    ),
+    IgnoredKey(
+        "reward_model.reward_loop_module_path", "custom reward-loop classes are not supported", only_when_off=True
+    ),
+    IgnoredKey(
+        "reward_model.reward_loop_class_name", "custom reward-loop classes are not supported", only_when_off=True
+    ),
+    IgnoredKey(
+        "reward_manager.*",
+        "verl's reward-manager section: its name sets reward_model.reward_manager; managers "
+        "come from the registry, custom classes (module.path) are not supported",
+        only_when_off=True,
+        off_values=("register", "custom_reward_manager"),
+    ),
     # verl's on-policy distillation section (distillation.*) ---------------------------------------
-    IgnoredKey("distillation.num_workers", "replicas of verl's teacher server; the teacher here is a worker group on "
-               "the trainer's pool shape (or its own, distillation.teacher_model.enable_resource_pool)"),
-    IgnoredKey("distillation.teacher_model.inference.*", "verl's vLLM teacher-server settings; the teacher here "
-               "scores the student's tokens with a forward pass (micro-batching: teacher_model.log_prob_*)"),
-    IgnoredKey("distillation.distillation_loss.policy_loss_mode", "the folded reward trains through the actor's "
-               "policy loss (verl supports only vanilla here too)", only_when_off=True, off_values=("vanilla",)),
-    *(IgnoredKey(f"distillation.distillation_loss.{key}", "the folded reward trains through the actor's policy loss "
-                 "and its clip ratios; verl's separate distillation clip is accepted at its default only",
-                 only_when_off=True, off_values=(0.2,))
-      for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high")),
+    IgnoredKey(
+        "distillation.num_workers",
+        "replicas of verl's teacher server; the teacher here is a worker group on "
+        "the trainer's pool shape (or its own, distillation.teacher_model.enable_resource_pool)",
+    ),
+    IgnoredKey(
+        "distillation.teacher_model.inference.*",
+        "verl's vLLM teacher-server settings; the teacher here "
+        "scores the student's tokens with a forward pass (micro-batching: teacher_model.log_prob_*)",
+    ),
+    IgnoredKey(
+        "distillation.distillation_loss.policy_loss_mode",
+        "the folded reward trains through the actor's policy loss (verl supports only vanilla here too)",
+        only_when_off=True,
+        off_values=("vanilla",),
+    ),
+    *(
+        IgnoredKey(
+            f"distillation.distillation_loss.{key}",
+            "the folded reward trains through the actor's policy loss "
+            "and its clip ratios; verl's separate distillation clip is accepted at its default only",
+            only_when_off=True,
+            off_values=(0.2,),
+        )
+        for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high")
+    ),
 )
 
 
@@ -229,14 +303,25 @@ VERL_MOVED_KEYS: tuple[MovedKey, ...] = (
     MovedKey(f"{_ARR}.actor.tau_neg", f"{_ARR}.actor.policy_loss.tau_neg"),
     MovedKey("data.train_max_samples", "data.max_samples"),
     # hybridflow's first home of the rollout-correction keys; verl's (and now ours) is algorithm.rollout_correction
-    *(MovedKey(f"{_ARR}.actor.policy_loss.rollout_correction.{key}", f"algorithm.rollout_correction.{key}")
-      for key in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
-                  "rollout_rs_threshold", "bypass_mode", "loss_type")),
+    *(
+        MovedKey(f"{_ARR}.actor.policy_loss.rollout_correction.{key}", f"algorithm.rollout_correction.{key}")
+        for key in (
+            "rollout_is",
+            "rollout_is_threshold",
+            "rollout_is_batch_normalize",
+            "rollout_rs",
+            "rollout_rs_threshold",
+            "bypass_mode",
+            "loss_type",
+        )
+    ),
     # verl's root reward_manager section names the manager reward_model.reward_manager picks
     MovedKey("reward_manager.name", "reward_model.reward_manager"),
     # verl's first home of the bucket size (before its checkpoint_engine section)
-    MovedKey(f"{_ARR}.rollout.update_weights_bucket_megabytes",
-             f"{_ARR}.rollout.checkpoint_engine.update_weights_bucket_megabytes"),
+    MovedKey(
+        f"{_ARR}.rollout.update_weights_bucket_megabytes",
+        f"{_ARR}.rollout.checkpoint_engine.update_weights_bucket_megabytes",
+    ),
 )
 
 
@@ -255,11 +340,11 @@ def move_keys(tree: dict, problems: list[str], moved: list[tuple[str, str]]) -> 
         if isinstance(value, str) and "${" in value and entry.new in value:
             value = None  # verl's mirror of the key it moves to, e.g. ${oc.select:reward_model.reward_manager,...}
         if not parent and old_parents:
-            _walk(tree, old_parents[:-1]).pop(old_parents[-1])  # a section left empty goes too
+            _section(tree, old_parents[:-1]).pop(old_parents[-1])  # a section left empty goes too
         if value is None:
             continue
         *new_parents, new_leaf = entry.new.split(".")
-        target = _walk(tree, new_parents, create=True)
+        target = _section(tree, new_parents)
         if new_leaf in target and target[new_leaf] != value:
             problems.append(f"{entry.old}={value!r} and {entry.new}={target[new_leaf]!r} set the same thing; give one")
             continue
@@ -268,12 +353,21 @@ def move_keys(tree: dict, problems: list[str], moved: list[tuple[str, str]]) -> 
     return tree
 
 
-def _walk(tree: dict, parts: list[str], create: bool = False) -> dict | None:
+def _walk(tree: dict, parts: list[str]) -> dict | None:
+    """The section of ``tree`` at ``parts``, or None where a part is missing or not a section."""
     node = tree
     for part in parts:
         if not isinstance(node.get(part), dict):
-            if not create:
-                return None
+            return None
+        node = node[part]
+    return node
+
+
+def _section(tree: dict, parts: list[str]) -> dict:
+    """The section of ``tree`` at ``parts``, created (replacing any non-section value) where missing."""
+    node = tree
+    for part in parts:
+        if not isinstance(node.get(part), dict):
             node[part] = {}
         node = node[part]
     return node

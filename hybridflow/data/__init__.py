@@ -2,14 +2,19 @@
 
 ``RLDataset(files, tokenizer, ...)`` → ``StatefulDataLoader(dataset, batch_size, seed=...)``
 → dicts for ``DataProto.from_single_dict``. Tasks: ``hybridflow.data.tasks`` /
-``python -m hybridflow.data``.
+``hybridflow data`` (:mod:`hybridflow.entrypoints.data`).
 """
 
 from __future__ import annotations
 
 from hybridflow.data.collate import collate_fn
 from hybridflow.data.io import DataFileError, read_rows, write_rows
-from hybridflow.data.rl_dataset import TRUNCATION_MODES, RLDataset, left_pad, truncate_ids
+from hybridflow.data.rl_dataset import (
+    TRUNCATION_MODES,
+    RLDataset,
+    left_pad,
+    truncate_ids,
+)
 from hybridflow.data.sampler import StatefulDataLoader, StatefulSampler
 from hybridflow.data.schema import DataRowError, RLRow, validate_rl_row
 

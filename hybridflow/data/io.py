@@ -31,8 +31,7 @@ def file_format(path: str | os.PathLike) -> str:
     suffix = Path(path).suffix.lower()
     if suffix not in SUPPORTED_SUFFIXES:
         raise DataFileError(
-            f"{path}: unsupported data file type {suffix or '(none)'!r}; "
-            f"supported: {', '.join(SUPPORTED_SUFFIXES)}"
+            f"{path}: unsupported data file type {suffix or '(none)'!r}; supported: {', '.join(SUPPORTED_SUFFIXES)}"
         )
     return suffix[1:]
 

@@ -31,6 +31,7 @@ import torch
 from torch.utils.data import Dataset
 
 from hybridflow import fields as F
+from hybridflow.data.dataset_args import as_file_list, check_chat_dataset_args
 from hybridflow.data.io import DataFileError, read_rows
 from hybridflow.data.schema import DataRowError
 from hybridflow.data.sft_dataset import check_messages
@@ -88,19 +89,10 @@ class PairDataset(Dataset):
         max_length: int = 512,
         truncation: str = "error",
     ) -> None:
-        if truncation not in PAIR_TRUNCATION_MODES:
-            raise ValueError(f"truncation must be one of {', '.join(PAIR_TRUNCATION_MODES)}, got {truncation!r}")
-        if not isinstance(max_length, int) or max_length < 2:
-            raise ValueError(f"max_length must be an integer ≥ 2, got {max_length!r}")
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("the tokenizer has no chat template; preference pairs are chat turns and need one")
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        if pad is None:
-            raise ValueError("the tokenizer has neither a pad token nor an eos token to pad pairs with")
-        paths = [files] if isinstance(files, (str, os.PathLike)) else list(files)
-        self.files = [os.path.expanduser(os.fspath(f)) for f in paths]
-        if not self.files:
-            raise ValueError("PairDataset needs at least one data file")
+        pad = check_chat_dataset_args(
+            tokenizer, truncation, PAIR_TRUNCATION_MODES, max_length, "preference pairs", "pairs"
+        )
+        self.files = as_file_list(files, "PairDataset")
         self.tokenizer = tokenizer
         self.prompt_key, self.chosen_key, self.rejected_key = prompt_key, chosen_key, rejected_key
         self.max_length = max_length
@@ -121,8 +113,10 @@ class PairDataset(Dataset):
         if isinstance(value, str):
             return [], value
         if not isinstance(value, (list, tuple)):
-            raise fail(f"expected the assistant reply as a string (or a list of messages ending with it), "
-                       f"got {type(value).__name__}")
+            raise fail(
+                f"expected the assistant reply as a string (or a list of messages ending with it), "
+                f"got {type(value).__name__}"
+            )
         messages = check_messages(value, fail)
         if messages[-1]["role"] != ASSISTANT:
             raise fail(f"the last message must be the assistant reply, got role {messages[-1]['role']!r}")
@@ -148,9 +142,12 @@ class PairDataset(Dataset):
             prompt = self._prompt(row, file, index)
             return prompt + chosen_before, chosen, prompt + rejected_before, rejected
         if not chosen_before or chosen_before != rejected_before:
-            problem = ("missing column" if not chosen_before else
-                       f"missing column, and the messages before the replies in {self.chosen_key!r} and "
-                       f"{self.rejected_key!r} differ, so they cannot stand for it")
+            problem = (
+                "missing column"
+                if not chosen_before
+                else f"missing column, and the messages before the replies in {self.chosen_key!r} and "
+                f"{self.rejected_key!r} differ, so they cannot stand for it"
+            )
             raise DataRowError(file, index, self.prompt_key, f"{problem} (row has: {', '.join(sorted(row))})")
         return chosen_before, chosen, rejected_before, rejected
 
@@ -159,7 +156,9 @@ class PairDataset(Dataset):
             return ids
         if self.truncation == "error":
             raise DataRowError(
-                file, index, key,
+                file,
+                index,
+                key,
                 f"prompt + reply is {len(ids)} tokens after the chat template, more than data.max_length="
                 f"{self.max_length}; raise data.max_length or set data.truncation=left",
             )
@@ -170,8 +169,10 @@ class PairDataset(Dataset):
         chosen_messages, chosen, rejected_messages, rejected = self._conversations(row, file, index)
         chosen_ids = render_for_reward(self.tokenizer, chosen_messages, chosen)
         rejected_ids = render_for_reward(self.tokenizer, rejected_messages, rejected)
-        return (self._fit(chosen_ids, file, index, self.chosen_key),
-                self._fit(rejected_ids, file, index, self.rejected_key))
+        return (
+            self._fit(chosen_ids, file, index, self.chosen_key),
+            self._fit(rejected_ids, file, index, self.rejected_key),
+        )
 
     def __len__(self) -> int:
         return len(self._pairs)

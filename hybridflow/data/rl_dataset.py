@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 from hybridflow import fields as F
+from hybridflow.data.dataset_args import as_file_list, check_truncation, tokenizer_pad_id
 from hybridflow.data.io import DataFileError, read_rows
 from hybridflow.data.schema import ABILITY, AGENT_NAME, PROMPT_KEY, DataRowError, RLRow, validate_rl_row
 
@@ -95,17 +96,16 @@ class RLDataset(Dataset):
         seed: int | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        if truncation not in TRUNCATION_MODES:
-            raise ValueError(f"truncation must be one of {', '.join(TRUNCATION_MODES)}, got {truncation!r}")
+        check_truncation(truncation, TRUNCATION_MODES)
         if not isinstance(max_prompt_length, int) or max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be a positive integer, got {max_prompt_length!r}")
-        self.files = _as_file_list(files)
+        self.files = as_file_list(files, "RLDataset")
         self.tokenizer = tokenizer
         self.prompt_key = prompt_key
         self.max_prompt_length = max_prompt_length
         self.truncation = truncation
         self.return_raw_chat = return_raw_chat
-        self.pad_token_id = _pad_token_id(tokenizer)
+        self.pad_token_id = tokenizer_pad_id(tokenizer, "prompts")
         self._chat_template_kwargs = dict(chat_template_kwargs or {})
 
         entries = self._load_rows()
@@ -150,7 +150,9 @@ class RLDataset(Dataset):
                 continue
             elif self.truncation == "error":
                 raise DataRowError(
-                    file, i, self.prompt_key,
+                    file,
+                    i,
+                    self.prompt_key,
                     f"prompt is {len(ids)} tokens after the chat template, more than max_prompt_length="
                     f"{self.max_prompt_length}; raise max_prompt_length, set truncation to left/right/middle, "
                     "or set filter_overlong_prompts=True",
@@ -186,23 +188,6 @@ class RLDataset(Dataset):
         if self.has_agent_names:
             out[AGENT_NAME] = row.agent_name
         return out
-
-
-def _as_file_list(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
-    if isinstance(files, (str, os.PathLike)):
-        files = [files]
-    result = [os.path.expanduser(os.fspath(f)) for f in files]
-    if not result:
-        raise ValueError("RLDataset needs at least one data file")
-    return result
-
-
-def _pad_token_id(tokenizer: Any) -> int:
-    for name in ("pad_token_id", "eos_token_id"):
-        value = getattr(tokenizer, name, None)
-        if value is not None:
-            return int(value)
-    raise ValueError("the tokenizer has neither a pad token nor an eos token to pad prompts with")
 
 
 def _subset(kept: list[int], max_samples: int | None, seed: int | None) -> list[int]:

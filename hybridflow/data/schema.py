@@ -14,6 +14,7 @@ A row as stored::
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +92,16 @@ def _validate_messages(value: Any, fail) -> list[dict[str, Any]]:
         raise fail(f"expected a list of {{role, content}} chat messages, got {type(value).__name__}")
     if not value:
         raise fail("empty prompt (no messages)")
+    messages = check_message_dicts(value, fail)
+    if not any(m["content"].strip() for m in messages):
+        raise fail("empty prompt (every message's content is blank)")
+    return messages
+
+
+def check_message_dicts(value: Sequence[Any], fail: Callable[[str], Exception]) -> list[dict[str, Any]]:
+    """Each item of ``value`` checked as a ``{role, content, ...}`` chat message (a non-empty string
+    role, a string content) and copied without its None-valued keys; ``fail(problem)`` builds the
+    error raised for the first bad one. Shared by the RL schema and the SFT / pair datasets."""
     messages = []
     for j, message in enumerate(value):
         if not isinstance(message, dict):
@@ -102,8 +113,6 @@ def _validate_messages(value: Any, fail) -> list[dict[str, Any]]:
             raise fail(f"message {j}: 'content' must be a string, got {type(content).__name__}")
         # parquet struct columns fill absent keys with None; templates expect them absent
         messages.append({k: v for k, v in message.items() if v is not None})
-    if not any(m["content"].strip() for m in messages):
-        raise fail("empty prompt (every message's content is blank)")
     return messages
 
 

@@ -38,8 +38,9 @@ import torch
 from torch.utils.data import Dataset
 
 from hybridflow import fields as F
+from hybridflow.data.dataset_args import as_file_list, check_chat_dataset_args
 from hybridflow.data.io import DataFileError, read_rows
-from hybridflow.data.schema import DataRowError
+from hybridflow.data.schema import DataRowError, check_message_dicts
 from hybridflow.utils.errors import InputError
 
 LOSS_MASK = "loss_mask"
@@ -54,9 +55,7 @@ class ChatTemplateError(InputError, ValueError):
 
 
 def _render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool, kwargs: dict[str, Any]) -> str:
-    return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=generation_prompt, **kwargs
-    )
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt, **kwargs)
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
@@ -152,18 +151,7 @@ def check_messages(value: Any, fail: Callable[[str], Exception]) -> list[dict[st
     Shared by the SFT and the preference-pair datasets, so both accept the same message rows."""
     if not isinstance(value, (list, tuple)) or not value:
         raise fail(f"expected a non-empty list of {{role, content}} chat messages, got {value!r:.80}")
-    messages = []
-    for j, message in enumerate(value):
-        if not isinstance(message, dict):
-            raise fail(f"message {j}: expected a dict with role and content, got {type(message).__name__}")
-        role, content = message.get("role"), message.get("content")
-        if not isinstance(role, str) or not role:
-            raise fail(f"message {j}: 'role' must be a non-empty string, got {role!r}")
-        if not isinstance(content, str):
-            raise fail(f"message {j}: 'content' must be a string, got {type(content).__name__}")
-        # parquet struct columns fill absent keys with None; templates expect them absent
-        messages.append({k: v for k, v in message.items() if v is not None})
-    return messages
+    return check_message_dicts(value, fail)
 
 
 class SFTDataset(Dataset):
@@ -200,16 +188,10 @@ class SFTDataset(Dataset):
         truncation: str = "error",
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        if truncation not in SFT_TRUNCATION_MODES:
-            raise ValueError(f"truncation must be one of {', '.join(SFT_TRUNCATION_MODES)}, got {truncation!r}")
-        if not isinstance(max_length, int) or max_length < 2:
-            raise ValueError(f"max_length must be an integer ≥ 2, got {max_length!r}")
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("the tokenizer has no chat template; SFT examples are chat turns and need one")
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        if pad is None:
-            raise ValueError("the tokenizer has neither a pad token nor an eos token to pad examples with")
-        self.files = _as_file_list(files)
+        pad = check_chat_dataset_args(
+            tokenizer, truncation, SFT_TRUNCATION_MODES, max_length, "SFT examples", "examples"
+        )
+        self.files = as_file_list(files, "SFTDataset")
         self.tokenizer = tokenizer
         self.prompt_key, self.response_key, self.messages_key = prompt_key, response_key, messages_key
         self.tools_key, self.tool_prompt = tools_key, tool_prompt
@@ -280,7 +262,9 @@ class SFTDataset(Dataset):
         if len(ids) > self.max_length:
             if self.truncation == "error":
                 raise DataRowError(
-                    file, index, field,
+                    file,
+                    index,
+                    field,
                     f"example is {len(ids)} tokens after the chat template, more than data.max_length="
                     f"{self.max_length}; raise data.max_length or set data.truncation to left/right",
                 )
@@ -288,7 +272,9 @@ class SFTDataset(Dataset):
             ids, mask = truncate_example(ids, mask, self.max_length, self.truncation)
         if not any(mask):
             raise DataRowError(
-                file, index, field,
+                file,
+                index,
+                field,
                 f"no assistant token is left to train on within data.max_length={self.max_length} "
                 f"(truncation={self.truncation!r})",
             )
@@ -314,12 +300,3 @@ def _drop_nulls(value: Any) -> Any:
     if isinstance(value, list):
         return [_drop_nulls(v) for v in value]
     return value
-
-
-def _as_file_list(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
-    if isinstance(files, (str, os.PathLike)):
-        files = [files]
-    result = [os.path.expanduser(os.fspath(f)) for f in files]
-    if not result:
-        raise ValueError("SFTDataset needs at least one data file")
-    return result

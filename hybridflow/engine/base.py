@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 from tensordict import TensorDict
 
-from hybridflow.engine.inference import ForwardFn, LossFn
 from hybridflow.engine.micro_batch import MicroBatchSpec
+from hybridflow.engine.micro_batch_runner import ForwardFn, LossFn
 from hybridflow.utils.registry import Registry
 
 

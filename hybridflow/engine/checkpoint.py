@@ -75,7 +75,18 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def fsync_tree(path: str | os.PathLike) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file, fsync it, rename it over ``path``, fsync the folder."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_tree(path: str | os.PathLike[str]) -> None:
     """fsync every file and folder under ``path`` (deepest first), then ``path`` itself."""
     for root, _, files in os.walk(path, topdown=False):
         for name in files:
@@ -163,7 +174,9 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
 def capture_rng_state() -> dict[str, Any]:
     """Global RNG states of torch (CPU and CUDA), numpy and Python's ``random``: tensors and
     plain values only, so the state loads with ``weights_only=True``."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    np_state = np.random.get_state(legacy=True)  # the default; numpy's stubs type the bare call as the dict form
+    assert isinstance(np_state, tuple), "numpy's global RandomState is not an MT19937"
+    kind, keys, pos, has_gauss, cached = np_state
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),

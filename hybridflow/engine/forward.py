@@ -23,6 +23,7 @@ outputs are the same up to float rounding. A micro-batch that shares prompt keys
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -31,7 +32,11 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 
 from hybridflow import fields as FK
-from hybridflow.algorithms.utils import entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
+from hybridflow.algorithms.utils import (
+    entropy_from_logits,
+    entropy_from_logits_chunked,
+    logprobs_from_logits,
+)
 from hybridflow.engine.fused_log_probs import token_log_probs
 from hybridflow.models.packed_attention import PACKED_PREFIX
 
@@ -152,12 +157,15 @@ def pack_micro_batch(micro: TensorDict, response_len: int) -> Packed:
     total = offset
     cu = torch.tensor(bounds, dtype=torch.int32, device=device)
     longest = int((cu[1:] - cu[:-1]).max())
-    inputs = {
+    inputs: dict[str, torch.Tensor | int] = {
         "input_ids": torch.cat(flat_ids)[None],
         "position_ids": torch.cat(flat_pos)[None],
         # all ones: no padding to mask, and HF then builds no dense mask of the packed row
         "attention_mask": torch.ones(1, total, dtype=torch.long, device=device),
-        "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest,
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": longest,
+        "max_length_k": longest,
     }
     cat = lambda parts: torch.cat(parts).to(device)  # noqa: E731
     return Packed(inputs, cat(keep), cat(rows), cat(cols), ids.shape[0], response_len)
@@ -227,6 +235,38 @@ def response_log_probs(
     ``topk_log_probs`` are gathered instead (differentiable). Both take the full-vocabulary
     log-softmax of these rows.
     """
+    logits, labels, gather_ids, finish = _logits_and_labels(module, micro, prompt_cache, gather_ids_key)
+    if topk > 0 or gather_ids is not None:
+        return _full_log_softmax_outputs(
+            logits, labels, temperature, finish, topk, gather_ids, calculate_entropy, entropy_requires_grad
+        )
+    entropy_needs_grad = calculate_entropy and entropy_requires_grad and torch.is_grad_enabled()
+    if not (entropy_needs_grad or calculate_sum_pi_squared):
+        # The common case: one fused pass per chunk of rows (see fused_log_probs).
+        log_probs, entropy = token_log_probs(logits, labels, temperature, with_entropy=calculate_entropy)
+        result = {"log_probs": finish(log_probs)}
+        if entropy is not None:
+            result["entropy"] = finish(entropy)
+        return result
+    logits = logits.float()  # rebound here, so the low-precision logits are freed before the ops below
+    return _float32_outputs(
+        logits,
+        labels,
+        temperature,
+        finish,
+        calculate_entropy,
+        chunked_entropy,
+        calculate_sum_pi_squared,
+        entropy_requires_grad,
+    )
+
+
+def _logits_and_labels(
+    module: torch.nn.Module, micro: TensorDict, prompt_cache: PromptKeysValues | None, gather_ids_key: str | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, Callable[[torch.Tensor], torch.Tensor]]:
+    """The response positions' logits, the tokens they predict, the ``gather_ids`` at those
+    positions, and ``finish``: a per-position output back to (b, T), zero on padding. Packed
+    rows when the module packs and it pays; else the micro-batch cut to its window."""
     responses = micro[FK.RESPONSES]
     gather_ids = micro[gather_ids_key] if gather_ids_key is not None else None
     if prompt_cache is None and packs_rows(module) and worth_packing(micro, responses.shape[1]):
@@ -241,18 +281,21 @@ def response_log_probs(
         labels = responses[:, : window.n_response]
         gather_ids = gather_ids[:, : window.n_response] if gather_ids is not None else None
         finish = lambda x: _finish(x, micro, window)  # noqa: E731
-    if topk > 0 or gather_ids is not None:
-        return _full_log_softmax_outputs(logits, labels, temperature, finish, topk, gather_ids, calculate_entropy,
-                                         entropy_requires_grad)
-    entropy_needs_grad = calculate_entropy and entropy_requires_grad and torch.is_grad_enabled()
-    if not (entropy_needs_grad or calculate_sum_pi_squared):
-        # The common case: one fused pass per chunk of rows (see fused_log_probs).
-        log_probs, entropy = token_log_probs(logits, labels, temperature, with_entropy=calculate_entropy)
-        result = {"log_probs": finish(log_probs)}
-        if entropy is not None:
-            result["entropy"] = finish(entropy)
-        return result
-    logits = logits.float()
+    return logits, labels, gather_ids, finish
+
+
+def _float32_outputs(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float,
+    finish: Callable[[torch.Tensor], torch.Tensor],
+    calculate_entropy: bool,
+    chunked_entropy: bool,
+    calculate_sum_pi_squared: bool,
+    entropy_requires_grad: bool,
+) -> dict[str, torch.Tensor]:
+    """Log-probs (and entropy, Σ π²) from float32 ``logits``, each op separately: the path when
+    the entropy needs its gradient or Σ π² is asked for."""
     result = {"log_probs": finish(logprobs_from_logits(logits, labels, temperature))}
     if calculate_entropy:
         # Entropy only as a metric (entropy_coeff = 0) needs no autograd graph over the logits.
@@ -284,8 +327,10 @@ def _full_log_softmax_outputs(
     result = {"log_probs": finish(log_softmax.gather(-1, labels[..., None])[..., 0])}
     if gather_ids is not None:
         if gather_ids.numel() and int(gather_ids.max()) >= log_softmax.shape[-1]:
-            raise ValueError(f"top-K token id {int(gather_ids.max())} is outside this model's vocabulary of "
-                             f"{log_softmax.shape[-1]} logits (was the teacher's vocabulary larger?)")
+            raise ValueError(
+                f"top-K token id {int(gather_ids.max())} is outside this model's vocabulary of "
+                f"{log_softmax.shape[-1]} logits (was the teacher's vocabulary larger?)"
+            )
         result["topk_log_probs"] = finish(log_softmax.gather(-1, gather_ids))
     elif topk > 0:
         if topk > log_softmax.shape[-1]:

@@ -41,8 +41,12 @@ from torch.distributed.tensor import DTensor
 
 from hybridflow.engine.base import ENGINES, EngineSpec, ForwardFn, LossFn
 from hybridflow.engine.fsdp_checkpoint import load_sharded_state, save_sharded_state
-from hybridflow.engine.inference import infer_plan, make_plan, train_micro_batches
 from hybridflow.engine.micro_batch import MicroBatchSpec, split_plan_to
+from hybridflow.engine.micro_batch_runner import (
+    infer_plan,
+    make_plan,
+    train_micro_batches,
+)
 from hybridflow.engine.torch_engine import TorchEngine
 from hybridflow.engine.weights import iter_sync_weights
 from hybridflow.utils.distributed import all_reduce_max_int

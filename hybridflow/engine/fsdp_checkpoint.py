@@ -69,8 +69,14 @@ OPTIM_DIR = "optim"
 
 # What a DCP ``.metadata`` pickle may name: DCP's own metadata records, shapes, dtypes and paths.
 _DCP_METADATA_CLASSES = {
-    "Metadata", "MetadataIndex", "StorageMeta", "ChunkStorageMetadata", "TensorStorageMetadata",
-    "BytesStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING",
+    "Metadata",
+    "MetadataIndex",
+    "StorageMeta",
+    "ChunkStorageMetadata",
+    "TensorStorageMetadata",
+    "BytesStorageMetadata",
+    "TensorProperties",
+    "_MEM_FORMAT_ENCODING",
 }
 _ALLOWED_GLOBALS = {
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
@@ -112,9 +118,10 @@ class SafeFileSystemReader(FileSystemReader):
             raise CheckpointFileError(file, f"damaged or truncated ({type(err).__name__}: {err})") from err
         if not isinstance(metadata, Metadata):
             raise CheckpointFileError(file, f"holds a {type(metadata).__name__}, not DCP metadata")
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage_meta = getattr(metadata, "storage_meta", None)  # absent in metadata written by older torch
+        if storage_meta is None:
+            storage_meta = metadata.storage_meta = StorageMeta()
+        storage_meta.load_id = self.load_id
         return metadata
 
 

@@ -26,7 +26,7 @@ CHUNK_ROWS = 16  # 16 × 49k float32 = 3 MB of scratch per chunk: passes over it
 
 class _TokenLogProbs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool):  # type: ignore[override]
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool):
         rows = logits.shape[0]
         log_probs = torch.empty(rows, dtype=torch.float32, device=logits.device)
         lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
@@ -46,7 +46,7 @@ class _TokenLogProbs(torch.autograd.Function):
         return log_probs, entropy
 
     @staticmethod
-    def backward(ctx, grad_log_probs: torch.Tensor, _grad_entropy: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad_log_probs: torch.Tensor, _grad_entropy: torch.Tensor):
         logits, labels, lse = ctx.saved_tensors
         temperature = ctx.temperature
         grad = torch.empty_like(logits)

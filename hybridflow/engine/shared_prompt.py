@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import torch
 from tensordict import TensorDict
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedConfig
 from transformers.cache_utils import DynamicLayer
 
 from hybridflow import fields as FK
@@ -71,6 +71,18 @@ def _inner_model(module: torch.nn.Module) -> torch.nn.Module:
     return get_base() if callable(get_base) else module
 
 
+def _hf_config(module: torch.nn.Module) -> PreTrainedConfig | None:
+    """The Hugging Face config of the model under ``module`` (None: it has none)."""
+    return getattr(_inner_model(module), "config", None)
+
+
+def _require_hf_config(module: torch.nn.Module) -> PreTrainedConfig:
+    config = _hf_config(module)
+    if config is None:
+        raise TypeError(f"{type(module).__name__} is not a Hugging Face model (no config): it cannot share prompts")
+    return config
+
+
 def _checkpoints_activations(model: torch.nn.Module) -> bool:
     # transformers 5 renamed is_gradient_checkpointing (now deprecated) to is_activation_checkpointing.
     if hasattr(type(model), "is_activation_checkpointing"):
@@ -88,13 +100,14 @@ def shares_prompts(module: torch.nn.Module, training: bool) -> bool:
     """Whether ``module`` can run repeated prompts once, in training or at inference (see
     the module docstring)."""
     model = _inner_model(module)
-    if getattr(model, "config", None) is None or _checkpoints_activations(model):
+    config = _hf_config(module)
+    if config is None or _checkpoints_activations(model):
         return False
     if "cache" not in inspect.signature(model.forward).parameters:
         return False
     if training and _has_dropout(model):
         return False
-    layers = DynamicCache(config=model.config).layers
+    layers = DynamicCache(config=config).layers
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
@@ -137,7 +150,7 @@ class PromptCache:
     """Every layer's keys and values of a batch's distinct prompts, columns ``start … P − 2``."""
 
     def __init__(self, module: torch.nn.Module, kv: list[torch.Tensor], which: torch.Tensor, start: int) -> None:
-        self.config = _inner_model(module).config
+        self.config = _require_hf_config(module)
         self.which = which  # batch row → distinct prompt (−1: a row outside this cache)
         self.start = start
         self._kv = kv  # [keys of layer 0, values of layer 0, keys of layer 1, ...], (U, heads, columns, d)
@@ -160,13 +173,18 @@ class PromptCache:
         first, which = distinct_prompts(*inputs.values())
         if first.numel() == which.numel():
             return None
-        cache = DynamicCache(config=_inner_model(module).config)
+        cache = DynamicCache(config=_require_hf_config(module))
         nothing = torch.zeros(0, dtype=torch.long, device=device)  # no logits wanted from the prompt pass
         module(
             **{name: tensor[first].to(device) for name, tensor in inputs.items()},
-            cache=cache, use_cache=True, logits_to_keep=nothing,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=nothing,
         )
-        kv = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+        kv: list[torch.Tensor] = []
+        for layer in cache.layers:  # full-attention layers (shares_prompts), filled by the prompt pass
+            assert isinstance(layer, DynamicLayer) and layer.keys is not None and layer.values is not None
+            kv += [layer.keys, layer.values]
         prompt_of_row = torch.full((batch.batch_size[0],), -1, dtype=torch.long)
         prompt_of_row[index] = which
         return cls(module, kv, prompt_of_row.to(device), cols.start)

@@ -11,8 +11,8 @@ from tensordict import TensorDict
 
 from hybridflow.engine.base import ENGINES, EngineSpec, ForwardFn, LossFn, StepResult, TrainEngine
 from hybridflow.engine.checkpoint import load_engine_state, save_engine_state
-from hybridflow.engine.inference import infer_micro_batches, plan_chunks, train_chunks
 from hybridflow.engine.micro_batch import MicroBatchSpec
+from hybridflow.engine.micro_batch_runner import infer_micro_batches, plan_chunks, train_chunks
 from hybridflow.engine.schedules import build_lr_lambda, resolve_warmup_steps
 from hybridflow.engine.weights import iter_sync_weights
 

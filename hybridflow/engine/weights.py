@@ -20,9 +20,13 @@ is a collective, so every rank must iterate the same pairs in the same order.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.tensor import DTensor
+
+if TYPE_CHECKING:
+    from peft.tuners.lora import LoraLayer
 
 _BASE_LAYER = ".base_layer."
 
@@ -68,7 +72,7 @@ def _storage_ident(tensor: torch.Tensor) -> tuple[int, ...]:
     return (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), *tensor.shape)
 
 
-def _unwrap_peft(module: torch.nn.Module) -> tuple[torch.nn.Module, dict[str, torch.nn.Module]]:
+def _unwrap_peft(module: torch.nn.Module) -> tuple[torch.nn.Module, dict[str, LoraLayer]]:
     """(the HF model inside a PeftModel, its LoRA layers by module name); plain modules pass."""
     try:
         from peft import PeftModel
@@ -82,13 +86,15 @@ def _unwrap_peft(module: torch.nn.Module) -> tuple[torch.nn.Module, dict[str, to
     return inner, layers
 
 
-def _lora_delta(layer: torch.nn.Module) -> torch.Tensor:
+def _lora_delta(layer: LoraLayer) -> torch.Tensor:
     """Σ over active adapters of the layer's weight delta (0 if merged or disabled)."""
     base = layer.get_base_layer().weight
+    assert isinstance(base, torch.Tensor), f"{type(layer).__name__}'s base layer has no weight tensor"
     delta = torch.zeros_like(base)
     if layer.merged or layer.disable_adapters:
         return delta
     for adapter in layer.active_adapters:
         if adapter in layer.lora_A:
-            delta = delta + layer.get_delta_weight(adapter)
+            # every concrete LoRA layer (Linear, Embedding, Conv) defines it; the LoraLayer mixin does not declare it
+            delta = delta + layer.get_delta_weight(adapter)  # type: ignore[attr-defined]
     return delta

@@ -8,6 +8,12 @@ in-process and HTTP :class:`TokenClient` s. Only the protocol is imported here, 
 the package stays cheap (no torch).
 """
 
-from hybridflow.inference.protocol import STOP_REASONS, SamplingParams, StopReason, TokenClient, TokenOutput
+from hybridflow.inference.protocol import (
+    STOP_REASONS,
+    SamplingParams,
+    StopReason,
+    TokenClient,
+    TokenOutput,
+)
 
 __all__ = ["STOP_REASONS", "SamplingParams", "StopReason", "TokenClient", "TokenOutput"]

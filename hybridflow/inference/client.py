@@ -3,8 +3,8 @@
 Both implement :class:`~hybridflow.inference.protocol.TokenClient` — token ids in, the
 sampler's own ids and log-probs out — so an agent loop cannot tell which one it talks to.
 
-* :class:`InProcessClient` hands a :class:`~hybridflow.inference.continuous.GenRequest` to a
-  running :class:`~hybridflow.inference.engine.GenerationEngine` and awaits its future. The
+* :class:`InProcessClient` hands a :class:`~hybridflow.inference.batcher_types.GenRequest` to a
+  running :class:`~hybridflow.inference.generation_engine.GenerationEngine` and awaits its future. The
   engine thread batches whatever is in flight, so many trajectories awaiting ``generate`` at
   once (``asyncio.gather``) share forward passes without any coordination here.
 * :class:`HttpClient` posts to the server's ``/generate`` route, which feeds the same engine.
@@ -16,7 +16,7 @@ cache, can reuse it); a client over several replicas must keep that property by 
 
 Both implement the whole :class:`~hybridflow.inference.protocol.InferenceServer` (abort,
 resume, sleep, wake, weight updates, KV-cache clearing, prompt log-probs); the HTTP client
-speaks the server's control routes (see :mod:`hybridflow.server.app`).
+speaks the server's control routes (see :mod:`hybridflow.server.control`).
 
 Stop reasons: the batcher's ``"stop"`` (a stop token) becomes ``completed``, ``"length"``
 stays ``length``, ``"abort"`` (``abort_all``) becomes ``aborted`` with the tokens so far; a
@@ -38,10 +38,23 @@ from typing import Any
 
 import torch
 
-from hybridflow.inference.continuous import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, GenRequest, SampleOutput
-from hybridflow.inference.engine import GenerationEngine, RequestCancelled, ShuttingDown
-from hybridflow.inference.protocol import SamplingParams, StopReason, TokenOutput, check_sleep_level, check_wake_tags
-from hybridflow.inference.sampling import SamplingParams as BatcherSampling
+from hybridflow.inference.batcher_types import (
+    FINISH_ABORT,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    GenRequest,
+    SampleOutput,
+)
+from hybridflow.inference.engine_queue import RequestCancelled, ShuttingDown
+from hybridflow.inference.generation_engine import GenerationEngine
+from hybridflow.inference.protocol import (
+    SamplingParams,
+    StopReason,
+    TokenOutput,
+    check_sleep_level,
+    check_wake_tags,
+)
+from hybridflow.inference.sampling import GenerationParams
 from hybridflow.inference.weight_transfer import safetensors_buckets
 
 _HEADER_SLACK = 64 * 1024  # room for a bucket's safetensors header under the server's body limit
@@ -59,12 +72,12 @@ def stop_reason(finish_reason: str | None) -> StopReason:
     return _STOP_REASONS[finish_reason]
 
 
-def batcher_params(sampling: SamplingParams, max_tokens: int, stop_token_ids: Sequence[int]) -> BatcherSampling:
+def batcher_params(sampling: SamplingParams, max_tokens: int, stop_token_ids: Sequence[int]) -> GenerationParams:
     """The batcher's settings for one protocol request: ``n`` = 1, greedy when temperature is 0.
 
     ``top_k`` -1 and 0 both mean off in both classes, so it passes through unchanged.
     """
-    return BatcherSampling(
+    return GenerationParams(
         max_new_tokens=max_tokens,
         temperature=sampling.temperature,
         top_k=sampling.top_k,
@@ -97,8 +110,10 @@ def _tops(rows: Any) -> list[list[tuple[int, float]]] | None:
 def token_output(out: SampleOutput, logprobs: int = 0) -> TokenOutput:
     """The protocol's view of one batcher output."""
     return TokenOutput(
-        token_ids=list(out.token_ids), log_probs=list(out.logprobs),
-        stop_reason=stop_reason(out.finish_reason), weight_version=out.weight_version,
+        token_ids=list(out.token_ids),
+        log_probs=list(out.logprobs),
+        stop_reason=stop_reason(out.finish_reason),
+        weight_version=out.weight_version,
         top_log_probs=_tops(out.top_logprobs) if logprobs > 0 else None,
         prompt_log_probs=list(out.prompt_logprobs) if out.prompt_logprobs is not None else None,
         prompt_top_log_probs=_tops(out.prompt_top_logprobs),
@@ -137,11 +152,14 @@ class InProcessClient:
             if prompt_logprobs is None:
                 return _empty("length", self.engine.weight_version)
             scores, top = await asyncio.wrap_future(self.engine.score_prompt(prompt_ids, prompt_logprobs))
-            return TokenOutput([], [], "length", self.engine.weight_version,
-                               prompt_log_probs=scores, prompt_top_log_probs=top)
+            return TokenOutput(
+                [], [], "length", self.engine.weight_version, prompt_log_probs=scores, prompt_top_log_probs=top
+            )
         request = GenRequest(
-            tuple(int(t) for t in prompt_ids), batcher_params(sampling, max_tokens, self.stop_token_ids),
-            top_logprobs=logprobs, seed=sampling.seed,
+            tuple(int(t) for t in prompt_ids),
+            batcher_params(sampling, max_tokens, self.stop_token_ids),
+            top_logprobs=logprobs,
+            seed=sampling.seed,
         )
         future = self.engine.submit(request, prompt_logprobs)
         try:
@@ -234,8 +252,12 @@ class HttpClient:
             pool.shutdown(wait=True)
 
     def body(
-        self, prompt_ids: list[int], sampling: SamplingParams, max_tokens: int,
-        logprobs: int = 0, prompt_logprobs: int | None = None,
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        logprobs: int = 0,
+        prompt_logprobs: int | None = None,
     ) -> dict[str, Any]:
         """The ``/generate`` request for one protocol call (``n`` = 1)."""
         params: dict[str, Any] = {
@@ -302,13 +324,17 @@ class HttpClient:
             return _empty("length", 0)
         loop = asyncio.get_running_loop()
         status, reply = await loop.run_in_executor(
-            self._executor(), self._post, "/generate",
+            self._executor(),
+            self._post,
+            "/generate",
             self.body(prompt_ids, sampling, max(max_tokens, 0), logprobs, prompt_logprobs),
         )
         if status == 503:
             return _empty("aborted", 0)
         if status != 200:
-            raise InferenceRequestError(f"{self.base_url}/generate answered {status} for {request_id!r}: {_message(reply)}")
+            raise InferenceRequestError(
+                f"{self.base_url}/generate answered {status} for {request_id!r}: {_message(reply)}"
+            )
         out = reply["outputs"][0]
         return TokenOutput(
             token_ids=[int(t) for t in out["output_ids"]],
@@ -338,7 +364,9 @@ class HttpClient:
         route; a single tensor over it raises before anything is sent. A refused bucket raises
         and leaves the old weights serving."""
         limit = int((await self._call("GET", "/weight_version")).get("max_weight_bucket_bytes") or 0)
-        bucket_bytes = self.weight_bucket_bytes if not limit else max(1, min(self.weight_bucket_bytes, limit - _HEADER_SLACK))
+        bucket_bytes = (
+            self.weight_bucket_bytes if not limit else max(1, min(self.weight_bucket_bytes, limit - _HEADER_SLACK))
+        )
         update_id = uuid.uuid4().hex
         buckets = iter(safetensors_buckets(named_tensors, bucket_bytes))
         current = next(buckets, None)

@@ -18,7 +18,8 @@ A failure that belongs to one request — its seed, its stop check, non-finite l
 rows, a sampling error in its group — fails that request alone: :meth:`step` reports it with
 the exception in place of its outputs and the other requests go on. Only a failed forward
 (shared by every row) raises out of :meth:`step`. :meth:`cancel` drops a request whose client
-went away, waiting or running.
+went away, waiting or running. What a request and a response are (:class:`GenRequest`,
+:class:`SampleOutput`) lives in :mod:`hybridflow.inference.batcher_types`.
 
 Joining re-runs the prompt-and-response-so-far of the rows already running ("join by
 recompute"): the decoder's KV cache has one shared column per step and no operation that
@@ -34,120 +35,24 @@ sequence gets the same positions whether it was prefilled once or re-prefilled a
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from hybridflow.inference.batcher_types import (
+    FINISH_ABORT,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    BatcherStats,
+    Finished,
+    GenRequest,
+    SampleOutput,
+)
 from hybridflow.inference.generation import Decoder
-from hybridflow.inference.sampling import SamplingParams, sample_next, token_log_probs
-
-# What torch.Generator.manual_seed accepts: any int64 or uint64 value.
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+from hybridflow.inference.sampling import GenerationParams, sample_next, token_log_probs
 
 _COMPACT_FRACTION = 4  # drop finished rows once they are ≥ 1/4 of the cache rows
-FINISH_STOP = "stop"
-FINISH_LENGTH = "length"
-FINISH_ABORT = "abort"  # abort_all(): the tokens so far are handed back
 _FINISH_DROPPED = "dropped"  # a row of a failed or cancelled request (never reported to a client)
-
-StopCheck = Callable[[Sequence[int]], bool]
-TokenCallback = Callable[[int, int], None]  # (row of the request, token id)
-# What step() reports per request: its n outputs, or the exception that failed it alone.
-Finished = tuple[int, "list[SampleOutput] | Exception"]
-
-
-@dataclass(frozen=True)
-class GenRequest:
-    """One request: ``params.n`` responses to ``prompt_ids``.
-
-    ``params`` carries the limits and settings of :class:`SamplingParams`; ``top_logprobs``
-    asks for the k most likely tokens at every step; ``stop_check(response_ids)`` is asked
-    after every token and ends the response when it returns True (e.g. a stop string appeared
-    in the decoded text); ``seed`` gives the request its own random generator, so its samples
-    do not depend on which other requests share the batch. ``on_token(row, token_id)`` is
-    called on the batcher's thread with each token as soon as it is sampled (``row`` in
-    ``[0, n)`` says which response); it must be quick, and an exception in it fails the
-    request alone. A server streams with it. ``group`` names the client call the request
-    belongs to (a completion with 64 prompts is 64 requests of one group); the batcher shares
-    its rows fairly between groups (see :class:`ContinuousBatcher`). ``None``: a group of its own.
-    """
-
-    prompt_ids: tuple[int, ...]
-    params: SamplingParams
-    top_logprobs: int = 0
-    stop_check: StopCheck | None = None
-    seed: int | None = None
-    on_token: TokenCallback | None = None
-    group: int | None = None
-
-    def __post_init__(self) -> None:
-        if not self.prompt_ids:
-            raise ValueError("prompt_ids is empty; a request needs at least one prompt token")
-        if self.top_logprobs < 0:
-            raise ValueError(f"top_logprobs must be >= 0, got {self.top_logprobs}")
-        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
-            raise ValueError(f"seed must be in [-2**63, 2**64 - 1], got {self.seed}")
-
-
-@dataclass
-class SampleOutput:
-    """One response: its token ids, the log-prob of each under the sampling temperature
-    (``log softmax(z / T)[token]``, T = 1 when greedy), the ``top_logprobs`` best
-    ``(token id, log-prob)`` pairs per step (empty lists when not asked for), and why it
-    ended: ``"stop"`` (stop token or stop check) or ``"length"`` (max_new_tokens).
-
-    ``"abort"`` marks a response cut short by :meth:`ContinuousBatcher.abort_all`.
-
-    ``weight_version`` is stamped by whoever swaps weights (the
-    :class:`~hybridflow.inference.engine.GenerationEngine`); the batcher itself has no notion
-    of versions and leaves it 0. So are ``prompt_logprobs`` / ``prompt_top_logprobs`` (the
-    engine scores the prompt when asked; see
-    :func:`~hybridflow.inference.engine.prompt_log_probs`)."""
-
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    finish_reason: str | None = None
-    weight_version: int = 0
-    prompt_logprobs: list[float] | None = None
-    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
-
-
-@dataclass
-class BatcherStats:
-    """Counters for monitoring and for tests that check requests really share forwards.
-
-    ``forward_requests[k]`` = forwards (prefill or decode) that served k distinct requests;
-    ``forward_rows[k]`` = forwards over k cache rows (finished rows not yet dropped count).
-    """
-
-    forwards: int = 0
-    prefills: int = 0
-    joins: int = 0  # prefills that re-ran rows already decoding, to let new requests in
-    requests_finished: int = 0
-    requests_failed: int = 0  # failed alone (see ContinuousBatcher), not counting aborted batches
-    requests_cancelled: int = 0
-    requests_aborted: int = 0  # ended by abort_all with their tokens so far
-    tokens_generated: int = 0
-    forward_requests: Counter = field(default_factory=Counter)
-    forward_rows: Counter = field(default_factory=Counter)
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "forwards": self.forwards,
-            "prefills": self.prefills,
-            "joins": self.joins,
-            "requests_finished": self.requests_finished,
-            "requests_failed": self.requests_failed,
-            "requests_cancelled": self.requests_cancelled,
-            "requests_aborted": self.requests_aborted,
-            "tokens_generated": self.tokens_generated,
-            "max_requests_per_forward": max(self.forward_requests, default=0),
-            "max_rows_per_forward": max(self.forward_rows, default=0),
-            "forward_requests_histogram": {str(k): v for k, v in sorted(self.forward_requests.items())},
-            "forward_rows_histogram": {str(k): v for k, v in sorted(self.forward_rows.items())},
-        }
 
 
 @dataclass
@@ -326,7 +231,8 @@ class ContinuousBatcher:
     def _admit(self) -> tuple[bool, list[Finished]]:
         live = [row for row in self._rows if not row.done]
         held = Counter(_group_key(row.handle, row.request) for row in live)
-        admitted, failed = False, []
+        admitted = False
+        failed: list[Finished] = []
         while (index := self._next_waiting(held, len(live))) is not None:
             handle, request = self._waiting[index]
             del self._waiting[index]
@@ -497,7 +403,7 @@ def _group_key(handle: int, request: GenRequest) -> tuple[str, int]:
     return ("call", request.group) if request.group is not None else ("request", handle)
 
 
-def _top_logprobs(logits: torch.Tensor, params: SamplingParams, ks: list[int]) -> list[list[tuple[int, float]]]:
+def _top_logprobs(logits: torch.Tensor, params: GenerationParams, ks: list[int]) -> list[list[tuple[int, float]]]:
     """The k most likely tokens per row, with log-probs computed exactly as the sampled token's
     (:func:`token_log_probs`, temperature 1 when greedy), so the two listings agree."""
     k_max = min(max(ks), logits.shape[-1])

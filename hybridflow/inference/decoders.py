@@ -11,7 +11,12 @@ from torch import nn
 
 from hybridflow.inference.generation import Decoder
 from hybridflow.inference.hf_decoder import HFDecoder
-from hybridflow.inference.lean_decoder import LeanDecoder, lean_unsupported_reason, unwrap_peft
+from hybridflow.inference.lean_decoder import (
+    LeanDecoder,
+    lean_unsupported_reason,
+    lean_view,
+    unwrap_peft,
+)
 from hybridflow.inference.projections import is_lora_linear, packing_available
 
 DECODERS: tuple[str, ...] = ("auto", "lean", "hf")
@@ -37,7 +42,7 @@ def build_decoder(
         return HFDecoder(model, dtype)
     if reason is not None:
         raise ValueError(f"decoder='lean' cannot run this model: {reason}")
-    param = model.get_input_embeddings().weight
+    param = lean_view(model).get_input_embeddings().weight
     dtype = param.dtype if dtype is None else dtype
     if weight_format == "auto":
         needs_copy = dtype != param.dtype or any(is_lora_linear(m) for m in model.modules())

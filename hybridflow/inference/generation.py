@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 
 from hybridflow.engine.shared_prompt import distinct_prompts
-from hybridflow.inference.sampling import SamplingParams, sample_next
+from hybridflow.inference.sampling import GenerationParams, sample_next
 
 _COMPACT_FRACTION = 4  # compact once dead rows ≥ cache rows / _COMPACT_FRACTION
 
@@ -69,13 +69,43 @@ def _check_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, positi
         raise ValueError("prompts must be left-padded: the last column of attention_mask must be all 1")
 
 
+def _prefill_rows(
+    decoder: Decoder,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    params: GenerationParams,
+) -> torch.Tensor:
+    """Prefill each distinct prompt once and fan its cache rows out to ``params.n`` responses
+    per prompt row; the logits of the first token, one row per response."""
+    unique, which = distinct_prompts(input_ids, attention_mask, position_ids)
+    # The last sampled token is never fed back, so P + T − 1 cache columns suffice.
+    logits = decoder.prefill(
+        input_ids[unique], attention_mask[unique], position_ids[unique], input_ids.shape[1] + params.max_new_tokens - 1
+    )
+    fan_out = which.repeat_interleave(params.n)
+    if not torch.equal(fan_out, torch.arange(unique.numel(), device=fan_out.device)):
+        decoder.select_rows(fan_out)
+        logits = logits[fan_out]
+    return logits
+
+
+def _empty_output(rows: int, steps: int, pad_token_id: int, device: torch.device) -> Generated:
+    """Responses all padding, log-probs 0, lengths ``steps``, until the loop fills them in."""
+    return Generated(
+        responses=torch.full((rows, steps), pad_token_id, dtype=torch.long, device=device),
+        log_probs=torch.zeros((rows, steps), dtype=torch.float32, device=device),
+        lengths=torch.full((rows,), steps, dtype=torch.long, device=device),
+    )
+
+
 @torch.inference_mode()
 def generate(
     decoder: Decoder,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
-    params: SamplingParams,
+    params: GenerationParams,
     pad_token_id: int,
     generator: torch.Generator | None = None,
     on_token: Callable[[int, int], None] | None = None,
@@ -84,22 +114,10 @@ def generate(
     is called after each sampled position ``t`` (1-based) with the number of unfinished rows."""
     _check_prompts(input_ids, attention_mask, position_ids)
     steps = params.max_new_tokens
-    unique, which = distinct_prompts(input_ids, attention_mask, position_ids)
-    # The last sampled token is never fed back, so P + T − 1 cache columns suffice.
-    logits = decoder.prefill(
-        input_ids[unique], attention_mask[unique], position_ids[unique], input_ids.shape[1] + steps - 1
-    )
-    fan_out = which.repeat_interleave(params.n)
-    if not torch.equal(fan_out, torch.arange(unique.numel(), device=fan_out.device)):
-        decoder.select_rows(fan_out)
-        logits = logits[fan_out]
+    logits = _prefill_rows(decoder, input_ids, attention_mask, position_ids, params)
     positions = position_ids[:, -1].repeat_interleave(params.n)
     rows = positions.shape[0]
-    out = Generated(
-        responses=torch.full((rows, steps), pad_token_id, dtype=torch.long, device=input_ids.device),
-        log_probs=torch.zeros((rows, steps), dtype=torch.float32, device=input_ids.device),
-        lengths=torch.full((rows,), steps, dtype=torch.long, device=input_ids.device),
-    )
+    out = _empty_output(rows, steps, pad_token_id, input_ids.device)
     stop = torch.tensor(params.stop_token_ids, dtype=torch.long, device=input_ids.device)
     check_stop = stop.numel() > 0 and not params.ignore_eos
     row_ids = torch.arange(rows, device=input_ids.device)  # cache row → output row

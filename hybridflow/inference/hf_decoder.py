@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 from torch import nn
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedConfig
 
 
 class HFDecoder:
@@ -51,7 +51,10 @@ class HFDecoder:
         """Prompts (B, P), left-padded → float32 logits of the last position (B, V)."""
         if max_len < input_ids.shape[1]:
             raise ValueError(f"max_len {max_len} is shorter than the prompt length {input_ids.shape[1]}")
-        self.cache = DynamicCache(config=self.model.config)
+        config = self.model.config
+        if not isinstance(config, PreTrainedConfig):
+            raise TypeError(f"{type(self.model).__name__}.config is not a transformers PreTrainedConfig")
+        self.cache = DynamicCache(config=config)
         self.attention_mask = attention_mask.long()
         with self._autocast():
             out = self.model(

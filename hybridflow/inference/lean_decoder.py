@@ -18,6 +18,9 @@ heads of one key/value head are laid out as ``g`` query rows of that head.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,14 +29,67 @@ from hybridflow.inference.kv_cache import KVCache
 from hybridflow.inference.prefix import shared_prefix_length
 from hybridflow.inference.projections import Projection, linear_unsupported_reason
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
+
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen2", "mistral")
 _STATELESS_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3", "yarn")
 _MIN_SHARED_PREFIX = 8  # shorter shared prefixes are not worth a separate pass
 
 
+# The module tree of a Llama-family *ForCausalLM as the lean path reads it (checked by
+# lean_unsupported_reason). A projection may also be a peft LoRA layer wrapping the nn.Linear:
+# it has the same in_features/out_features/weight/bias, and Projection handles it.
+class _Norm(Protocol):
+    weight: torch.Tensor
+
+
+class _Attention(Protocol):
+    q_proj: nn.Linear
+    k_proj: nn.Linear
+    v_proj: nn.Linear
+    o_proj: nn.Linear
+
+
+class _MLP(Protocol):
+    gate_proj: nn.Linear
+    up_proj: nn.Linear
+    down_proj: nn.Linear
+
+
+class _DecoderLayer(Protocol):
+    self_attn: _Attention
+    mlp: _MLP
+    input_layernorm: _Norm
+    post_attention_layernorm: _Norm
+
+
+class _Backbone(Protocol):
+    embed_tokens: nn.Embedding
+    norm: _Norm
+    rotary_emb: nn.Module  # (x, position_ids) → (cos, sin)
+    layers: Sequence[_DecoderLayer]
+
+
+class LeanModel(Protocol):
+    """A *ForCausalLM the lean path can run (:func:`lean_unsupported_reason` is None), as it reads it."""
+
+    config: PreTrainedConfig
+    model: _Backbone
+    lm_head: nn.Linear
+
+    def get_input_embeddings(self) -> nn.Embedding: ...
+
+
 def unwrap_peft(model: nn.Module) -> nn.Module:
     """The Hugging Face model inside a ``peft.PeftModel`` (LoRA layers stay injected in it)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_base_model = getattr(model, "get_base_model", None)
+    return model if get_base_model is None else get_base_model()
+
+
+def lean_view(model: nn.Module) -> LeanModel:
+    """``model`` (unwrapped, with :func:`lean_unsupported_reason` None) typed as the tree the lean path reads."""
+    return cast(LeanModel, model)
 
 
 def lean_unsupported_reason(model: nn.Module) -> str | None:
@@ -41,7 +97,7 @@ def lean_unsupported_reason(model: nn.Module) -> str | None:
     model = unwrap_peft(model)
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    if config is None or model_type not in SUPPORTED_MODEL_TYPES:
         return f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
     if config.hidden_act != "silu":
         return f"hidden_act {config.hidden_act!r} is not 'silu'"
@@ -94,7 +150,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 class _Layer:
-    def __init__(self, layer: nn.Module, weight_format: str, dtype: torch.dtype) -> None:
+    def __init__(self, layer: _DecoderLayer, weight_format: str, dtype: torch.dtype) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.norm_in = layer.input_layernorm
         self.norm_post = layer.post_attention_layernorm
@@ -126,26 +182,27 @@ class LeanDecoder:
         if reason is not None:
             raise ValueError(f"the lean decoder cannot run this model: {reason}")
         model = unwrap_peft(model)
-        config = model.config
+        lm = lean_view(model)
+        config = lm.config
         self.model = model
         self.weight_format = weight_format
-        self.compute_dtype = model.model.embed_tokens.weight.dtype if dtype is None else dtype
+        self.compute_dtype = lm.model.embed_tokens.weight.dtype if dtype is None else dtype
         # On CPU, attention of one query token over a bf16 cache is several times slower than
         # over an fp32 one (and rounds the scores), so the cache holds fp32 there.
-        cpu = model.model.embed_tokens.weight.device.type == "cpu"
+        cpu = lm.model.embed_tokens.weight.device.type == "cpu"
         self.cache_dtype = torch.float32 if cpu else self.compute_dtype
         # Shared fp32 weights reproduce HF's kernels call for call (decode attention included);
         # packed weights take the faster kernels, which round differently.
         self.hf_numerics = weight_format == "shared" and self.compute_dtype == self.cache_dtype
-        self.num_heads = config.num_attention_heads
-        self.kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.num_heads: int = config.num_attention_heads
+        self.kv_heads: int = config.num_key_value_heads
+        self.head_dim: int = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.eps = float(config.rms_norm_eps)
-        self.embed = model.model.embed_tokens
-        self.final_norm = model.model.norm
-        self.rotary = model.model.rotary_emb
-        self.layers = [_Layer(layer, weight_format, self.compute_dtype) for layer in model.model.layers]
-        self.lm_head = Projection([model.lm_head], weight_format, self.compute_dtype)
+        self.embed = lm.model.embed_tokens
+        self.final_norm = lm.model.norm
+        self.rotary = lm.model.rotary_emb
+        self.layers = [_Layer(layer, weight_format, self.compute_dtype) for layer in lm.model.layers]
+        self.lm_head = Projection([lm.lm_head], weight_format, self.compute_dtype)
         self.w_final: torch.Tensor = self.final_norm.weight
         self.cache: KVCache | None = None
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -184,18 +241,18 @@ class LeanDecoder:
         return self.embed.weight.device
 
     # ---- rope ------------------------------------------------------------------------------
-    def _size_rope_table(self, positions: int) -> None:
-        """Make the cos/sin table cover positions 0 … ``positions`` − 1."""
+    def _size_rope_table(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Make the cos/sin table cover positions 0 … ``positions`` − 1; returns it."""
         if self._rope_table is None or self._rope_table[0].shape[0] < positions:
             ids = torch.arange(positions, device=self.device)[None]
             probe = torch.empty(0, dtype=self.dtype, device=self.device)
             cos, sin = self.rotary(probe, ids)
             self._rope_table = (cos[0], sin[0])
+        return self._rope_table
 
     def _rope_rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows for ``positions`` (any shape) → (*positions.shape, head_dim)."""
-        self._size_rope_table(int(positions.max()) + 1)
-        cos_table, sin_table = self._rope_table
+        cos_table, sin_table = self._size_rope_table(int(positions.max()) + 1)
         return cos_table[positions], sin_table[positions]
 
     # ---- forward ---------------------------------------------------------------------------
@@ -213,33 +270,33 @@ class LeanDecoder:
         rows, plen = input_ids.shape
         if max_len < plen:
             raise ValueError(f"max_len {max_len} is shorter than the prompt length {plen}")
-        self.cache = KVCache(
+        cache = self.cache = KVCache(
             len(self.layers), rows, self.kv_heads, max_len, self.head_dim, self.cache_dtype, self.device
         )
         self._size_rope_table(int(position_ids.max()) + 1 + max_len - plen)
         # Shared fp32 weights promise HF's exact computation, which a batch-of-one prefix breaks.
         prefix = 0 if self.hf_numerics else shared_prefix_length(input_ids, attention_mask, position_ids)
         if prefix < _MIN_SHARED_PREFIX:
-            x = self._prefill_block(input_ids, attention_mask.bool(), position_ids, 0)
-            self.cache.set_prompt_mask(attention_mask.bool())
-            self.cache.length = plen
+            x = self._prefill_block(cache, input_ids, attention_mask.bool(), position_ids, 0)
+            cache.set_prompt_mask(attention_mask.bool())
+            cache.length = plen
             return self._logits(x[:, -1])
         # 1) the prefix, taken from row 0, into columns 0 … k−1 of every row
         first = plen - int(attention_mask[0].sum())
         prefix_positions = torch.arange(prefix, device=self.device)[None]
         prefix_valid = torch.ones_like(prefix_positions, dtype=torch.bool)
-        self._prefill_block(input_ids[:1, first : first + prefix], prefix_valid, prefix_positions, 0)
+        self._prefill_block(cache, input_ids[:1, first : first + prefix], prefix_valid, prefix_positions, 0)
         # 2) each row's own tokens, left-padded to the longest, into the next columns
         own = attention_mask.sum(dim=1) - prefix
         width = int(own.max())
         valid = torch.arange(width, device=self.device)[None] >= (width - own)[:, None]
-        x = self._prefill_block(input_ids[:, plen - width :], valid, position_ids[:, plen - width :], prefix)
-        self.cache.set_prompt_mask(torch.cat([prefix_valid.expand(rows, prefix), valid], dim=1))
-        self.cache.length = prefix + width
+        x = self._prefill_block(cache, input_ids[:, plen - width :], valid, position_ids[:, plen - width :], prefix)
+        cache.set_prompt_mask(torch.cat([prefix_valid.expand(rows, prefix), valid], dim=1))
+        cache.length = prefix + width
         return self._logits(x[:, -1])
 
     def _prefill_block(
-        self, input_ids: torch.Tensor, valid: torch.Tensor, position_ids: torch.Tensor, start: int
+        self, cache: KVCache, input_ids: torch.Tensor, valid: torch.Tensor, position_ids: torch.Tensor, start: int
     ) -> torch.Tensor:
         """Run tokens (b, n) into cache columns ``start`` … ``start + n − 1``; hidden states out.
 
@@ -255,11 +312,12 @@ class LeanDecoder:
         cos, sin = self._rope_rows(position_ids)
         x = F.embedding(input_ids, self.embed.weight).to(self.compute_dtype)
         for index, layer in enumerate(self.layers):
-            x = self._prefill_layer(index, layer, x, cos[:, :, None], sin[:, :, None], mask[:, None], start)
+            x = self._prefill_layer(cache, index, layer, x, cos[:, :, None], sin[:, :, None], mask[:, None], start)
         return x
 
     def _prefill_layer(
         self,
+        cache: KVCache,
         index: int,
         layer: _Layer,
         x: torch.Tensor,
@@ -276,7 +334,7 @@ class LeanDecoder:
         q = qk[:, :, :heads].transpose(1, 2)
         k = qk[:, :, heads:].transpose(1, 2)
         v = qkv[:, :, heads + kv :].transpose(1, 2)
-        keys, values = self.cache.keys(index), self.cache.values(index)
+        keys, values = cache.keys(index), cache.values(index)
         keys[:, :, start : start + n] = k
         values[:, :, start : start + n] = v
         if start:  # attend to the shared prefix in the cache too
@@ -306,12 +364,13 @@ class LeanDecoder:
         mask = None if cache.no_padding else cache.key_valid[:, None, None, : col + 1]
         x = F.embedding(tokens, self.embed.weight).to(self.compute_dtype)
         for index, layer in enumerate(self.layers):
-            x = self._decode_layer(index, layer, x, cos, sin, mask, col)
+            x = self._decode_layer(cache, index, layer, x, cos, sin, mask, col)
         cache.length = col + 1
         return self._logits(x)
 
     def _decode_layer(
         self,
+        cache: KVCache,
         index: int,
         layer: _Layer,
         x: torch.Tensor,
@@ -325,7 +384,7 @@ class LeanDecoder:
         h = _rms_norm(x, layer.w_in, self.eps)
         qkv = layer.qkv(h).view(rows, heads + 2 * kv, hd)
         qk = _rope(qkv[:, : heads + kv], cos, sin)
-        keys, values = self.cache.keys(index), self.cache.values(index)
+        keys, values = cache.keys(index), cache.values(index)
         keys[:, :, col] = qk[:, heads:]
         values[:, :, col] = qkv[:, heads + kv :]
         keys, values = keys[:, :, : col + 1], values[:, :, : col + 1]

@@ -62,7 +62,10 @@ class PartialRolloutClient:
                 request_id, list(prompt_ids) + tokens, sampling.for_request(len(tokens)), left, logprobs
             )
         return TokenOutput(
-            token_ids=tokens, log_probs=log_probs, stop_reason=out.stop_reason, weight_version=out.weight_version,
+            token_ids=tokens,
+            log_probs=log_probs,
+            stop_reason=out.stop_reason,
+            weight_version=out.weight_version,
             first_weight_version=out.weight_version if first_version is None else first_version,
             top_log_probs=tops if logprobs > 0 else None,
         )

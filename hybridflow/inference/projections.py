@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TypeGuard
 
 import torch
 import torch.nn.functional as F
@@ -95,7 +95,20 @@ def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
     return hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
-def is_lora_linear(module: nn.Module) -> bool:
+class LoraLinear(Protocol):
+    """The parts of a ``peft`` LoRA layer over an ``nn.Linear`` that the lean path reads."""
+
+    base_layer: nn.Linear
+    lora_A: Mapping[str, nn.Linear]  # an nn.ModuleDict: adapter name → A (r × in)
+    lora_B: Mapping[str, nn.Linear]  # adapter name → B (out × r)
+    disable_adapters: bool
+    merged: bool
+    active_adapters: list[str]
+
+    def get_delta_weight(self, adapter: str) -> torch.Tensor: ...
+
+
+def is_lora_linear(module: nn.Module) -> TypeGuard[LoraLinear]:
     """A ``peft`` LoRA layer wrapping a plain ``nn.Linear`` (duck-typed: peft stays optional)."""
     return (
         hasattr(module, "base_layer")
@@ -120,6 +133,8 @@ def _linear_parts(module: nn.Module) -> tuple[nn.Linear, list[str]]:
     """(the plain linear holding W and b, active LoRA adapters whose deltas add to W)."""
     if type(module) is nn.Linear:
         return module, []
+    if not is_lora_linear(module):  # Projection admits nothing else (linear_unsupported_reason)
+        raise TypeError(f"{type(module).__name__} is neither nn.Linear nor a LoRA-wrapped nn.Linear")
     if module.disable_adapters or module.merged:
         return module.base_layer, []
     return module.base_layer, [name for name in module.active_adapters if name in module.lora_A]
@@ -128,8 +143,9 @@ def _linear_parts(module: nn.Module) -> tuple[nn.Linear, list[str]]:
 def _effective_weight(module: nn.Module) -> torch.Tensor:
     base, adapters = _linear_parts(module)
     weight = base.weight.detach()
-    for name in adapters:
-        weight = weight + module.get_delta_weight(name).detach().to(weight.dtype)
+    if is_lora_linear(module):  # a plain nn.Linear has no adapters
+        for name in adapters:
+            weight = weight + module.get_delta_weight(name).detach().to(weight.dtype)
     return weight
 
 
@@ -248,13 +264,17 @@ class Projection:
     def _onednn_ready(self) -> bool:
         if self.weight_format != "packed":
             return False
+        self._packed()
+        return self._onednn
+
+    def _packed(self) -> torch.Tensor:
         if self._packed_weight is None:
             raise RuntimeError("packed Projection used before refresh(); call refresh() first")
-        return self._onednn
+        return self._packed_weight
 
     def _linear(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight_format == "packed":
-            return F.linear(x, self._packed_weight, self._packed_bias)
+            return F.linear(x, self._packed(), self._packed_bias)
         if len(self.linears) == 1:
             lin = self.linears[0]
             return F.linear(x, lin.weight, lin.bias)

@@ -146,9 +146,11 @@ class InferenceServer(TokenClient, Protocol):
     * ``address``: ``host:port`` of the OpenAI-compatible HTTP face, None in-process.
     """
 
-    address: str | None
+    @property
+    def address(self) -> str | None:  # read-only here: a client's is always a str, an in-process engine's None
+        ...
 
-    async def generate(  # type: ignore[override]
+    async def generate(
         self,
         request_id: str,
         prompt_ids: list[int],

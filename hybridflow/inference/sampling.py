@@ -27,7 +27,7 @@ _BLOCK = 512  # entries per block of the two-level inverse-CDF draw
 
 
 @dataclass(frozen=True)
-class SamplingParams:
+class GenerationParams:
     """How one ``generate`` call picks tokens.
 
     ``top_k <= 0`` and ``top_p == 1`` mean "off"; ``do_sample=False`` or ``temperature == 0``
@@ -103,9 +103,7 @@ def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: flo
     return logprobs_from_logits(logits.float(), tokens, temperature)
 
 
-def _nucleus_candidates(
-    scaled: torch.Tensor, top_k: int, top_p: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _nucleus_candidates(scaled: torch.Tensor, top_k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Sorted (descending) candidate logits and their token ids, top-k / top-p applied.
 
     Removed candidates get ``-inf``. Top-p keeps token i when the mass of the tokens ranked
@@ -164,7 +162,7 @@ def _invert(cdf: torch.Tensor, frac: torch.Tensor) -> torch.Tensor:
 
 
 def sample_next(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor, params: GenerationParams, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row. logits (b, V) float32 → tokens (b,) int64, log-probs (b,) float32.
 

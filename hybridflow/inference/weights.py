@@ -25,7 +25,6 @@ from torch import nn
 NamedTensorPairs = Iterable[tuple[str, torch.Tensor]]
 
 
-
 class WeightsRejected(ValueError):
     """The folder cannot replace the served weights; the message is safe to show a client."""
 

@@ -34,8 +34,10 @@ def policy_attn_implementation(config: ActorRolloutRefConfig, device: str | torc
     """:func:`choose_attn_implementation` for the policy's workers (actor, reference, rollout):
     a row holds at most ``rollout.prompt_length + rollout.response_length`` tokens."""
     rollout = config.rollout
-    max_tokens = None if rollout.prompt_length is None or rollout.response_length is None else (
-        rollout.prompt_length + rollout.response_length
+    max_tokens = (
+        None
+        if rollout.prompt_length is None or rollout.response_length is None
+        else (rollout.prompt_length + rollout.response_length)
     )
     base = choose_attn_implementation(config.model.attn_implementation, device, max_tokens)
     return packed_name(base) if config.model.use_remove_padding else base

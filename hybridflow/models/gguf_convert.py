@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 # Files whose presence marks a finished conversion (the folder only appears by rename).
 HF_FOLDER_FILES: tuple[str, ...] = ("config.json", "model.safetensors", "tokenizer_config.json")
@@ -56,16 +56,14 @@ def is_complete_hf_folder(path: Path) -> bool:
 def _convert_into(gguf_path: Path, target: Path) -> None:
     folder, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=name, dtype=torch.float32, local_files_only=True
-    )
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32, local_files_only=True)
     _drop_gguf_quantizer(model)
     model.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
 
 
-def _drop_gguf_quantizer(model: torch.nn.Module) -> None:
+def _drop_gguf_quantizer(model: PreTrainedModel) -> None:
     """Forget the GGUF 'quantisation': the weights are already dequantised fp32 tensors."""
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # torch types Module.__setattr__ as tensors/modules only
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config

@@ -46,10 +46,11 @@ def save_hf_metadata(module: torch.nn.Module, path: str | os.PathLike) -> Path:
     """
     path = Path(path)
     model, adapter_config = split_peft(module)
-    if not hasattr(model, "config") or not hasattr(model.config, "save_pretrained"):
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "save_pretrained"):
         raise TypeError(f"{type(model).__name__} has no Hugging Face config to save")
     path.mkdir(parents=True, exist_ok=True)
-    model.config.save_pretrained(path)
+    config.save_pretrained(path)
     generation_config = getattr(model, "generation_config", None)
     if generation_config is not None:
         generation_config.save_pretrained(path)

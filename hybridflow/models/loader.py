@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pickle
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -78,7 +79,7 @@ def load_model_and_tokenizer(
     dtype: str | torch.dtype = "fp32",
     gradient_checkpointing: bool = False,
     lora_rank: int = 0,
-    lora_alpha: int = 16,
+    lora_alpha: float = 16,
     target_modules: str | list[str] = "all-linear",
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
@@ -98,11 +99,12 @@ def load_model_and_tokenizer(
     )
     if gradient_checkpointing:
         enable_gradient_checkpointing(model)
+    wrapped: torch.nn.Module = model
     if lora_rank > 0:
-        model = apply_lora(model, lora_rank, lora_alpha, target_modules)
+        wrapped = apply_lora(model, lora_rank, lora_alpha, target_modules)
     elif lora_rank < 0:
         raise ValueError(f"lora_rank must be >= 0, got {lora_rank}")
-    return model.eval(), tokenizer
+    return wrapped.eval(), tokenizer
 
 
 def load_causal_lm(
@@ -111,16 +113,32 @@ def load_causal_lm(
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
 ) -> PreTrainedModel:
-    """``AutoModelForCausalLM`` from a local folder, with load failures named clearly."""
-    torch_dtype = parse_dtype(dtype)
-    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    """``AutoModelForCausalLM`` from a local folder, with load failures named clearly (an
+    unsupported ``dtype`` is a ValueError, raised before loading)."""
+    return load_pretrained(AutoModelForCausalLM, folder, parse_dtype(dtype), trust_remote_code, attn_implementation)
+
+
+def load_pretrained(
+    auto_class: Any,
+    folder: str | os.PathLike,
+    dtype: str | torch.dtype,
+    trust_remote_code: bool,
+    attn_implementation: str | None,
+    what: str = "model weights",
+    errors: tuple[type[BaseException], ...] = WEIGHT_LOAD_ERRORS,
+    **kwargs: Any,
+) -> PreTrainedModel:
+    """``auto_class.from_pretrained`` (an ``AutoModel*`` class) on the local ``folder`` in ``dtype``,
+    with ``attn_implementation`` when set and ``kwargs``. A failure among ``errors`` (a bad
+    ``dtype`` included) is raised as :func:`weights_load_error`, naming ``what`` was loaded."""
+    extra: dict[str, Any] = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=torch_dtype, local_files_only=True, trust_remote_code=trust_remote_code, **extra
-        )
-    except WEIGHT_LOAD_ERRORS as err:
-        raise weights_load_error(folder, err) from err
-    return model
+        return auto_class.from_pretrained(
+            folder, dtype=parse_dtype(dtype), local_files_only=True, trust_remote_code=trust_remote_code,
+            **extra, **kwargs,
+        )  # fmt: skip
+    except errors as err:
+        raise weights_load_error(folder, err, what) from err
 
 
 def enable_gradient_checkpointing(model: PreTrainedModel) -> None:
@@ -132,7 +150,7 @@ def enable_gradient_checkpointing(model: PreTrainedModel) -> None:
 def apply_lora(
     model: PreTrainedModel,
     lora_rank: int,
-    lora_alpha: int,
+    lora_alpha: float,
     target_modules: str | list[str],
     task_type: str = "CAUSAL_LM",
 ) -> torch.nn.Module:
@@ -143,7 +161,7 @@ def apply_lora(
         raise ValueError(f"lora_alpha must be > 0, got {lora_alpha}")
     config = LoraConfig(
         r=lora_rank,
-        lora_alpha=lora_alpha,
+        lora_alpha=lora_alpha,  # type: ignore[arg-type]  # peft annotates int but only divides by r: a float alpha works
         target_modules=target_modules,
         lora_dropout=0.0,  # dropout would break split invariance and log-prob agreement
         bias="none",

@@ -46,8 +46,13 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def _eager(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scaling: float,
-    dropout: float, training: bool,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float,
+    training: bool,
 ) -> torch.Tensor:
     """softmax(q kᵀ · scale + mask) v in float32 softmax, as HF's eager kernel; (b, h, n, d) out."""
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
@@ -71,8 +76,9 @@ def _packed(module: torch.nn.Module, query, key, value, base: str, scaling: floa
     for start, end in _segments(cu):
         q, k, v = query[:, :, start:end], key[:, :, start:end], value[:, :, start:end]
         if base == "sdpa":
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout if module.training else 0.0,
-                                                 is_causal=True, scale=scaling)
+            out = F.scaled_dot_product_attention(
+                q, k, v, dropout_p=dropout if module.training else 0.0, is_causal=True, scale=scaling
+            )
         else:
             n = end - start
             causal = torch.full((n, n), torch.finfo(q.dtype).min, dtype=q.dtype, device=q.device).triu(1)
@@ -90,11 +96,13 @@ def _forward(base: str):
                 raise ValueError(f"a packed forward holds one row of rows, got batch size {query.shape[0]}")
             return _packed(module, query, key, value, base, scale, dropout, cu), None
         if base == "sdpa":
-            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scale,
-                                          **kwargs)
+            return sdpa_attention_forward(
+                module, query, key, value, attention_mask, dropout=dropout, scaling=scale, **kwargs
+            )
         groups = query.shape[1] // key.shape[1]
-        out = _eager(query, _repeat_kv(key, groups), _repeat_kv(value, groups), attention_mask, scale, dropout,
-                     module.training)
+        out = _eager(
+            query, _repeat_kv(key, groups), _repeat_kv(value, groups), attention_mask, scale, dropout, module.training
+        )
         return out.transpose(1, 2).contiguous(), None
 
     return attention

@@ -23,28 +23,25 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
 
-from hybridflow.models.loader import (
-    WEIGHT_LOAD_ERRORS,
-    ModelLoadError,
-    load_tokenizer,
-    parse_dtype,
-    weights_load_error,
-)
+from hybridflow.models.loader import WEIGHT_LOAD_ERRORS, ModelLoadError, load_pretrained, load_tokenizer
 from hybridflow.models.sources import resolve_model_path
 
 HEAD_NAMES = ("score", "classifier")  # the 1-output head's attribute in HF *ForSequenceClassification classes
+# a checkpoint whose state dict lacks the head's keys raises KeyError in some transformers versions
+_LOAD_ERRORS: tuple[type[BaseException], ...] = (*WEIGHT_LOAD_ERRORS, KeyError)
 
 
-def _from_pretrained(folder: os.PathLike, dtype: str | torch.dtype, trust_remote_code: bool,
-                     attn_implementation: str | None, **kwargs: Any) -> PreTrainedModel:
-    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-    try:
-        return AutoModelForSequenceClassification.from_pretrained(
-            folder, dtype=parse_dtype(dtype), local_files_only=True, trust_remote_code=trust_remote_code,
-            **extra, **kwargs,
-        )
-    except (*WEIGHT_LOAD_ERRORS, KeyError) as err:
-        raise weights_load_error(folder, err, "a sequence-classification reward model") from err
+def _from_pretrained(
+    folder: os.PathLike,
+    dtype: str | torch.dtype,
+    trust_remote_code: bool,
+    attn_implementation: str | None,
+    **kwargs: Any,
+) -> PreTrainedModel:
+    return load_pretrained(
+        AutoModelForSequenceClassification, folder, dtype, trust_remote_code, attn_implementation,
+        "a sequence-classification reward model", _LOAD_ERRORS, **kwargs,
+    )  # fmt: skip
 
 
 def load_reward_model(
@@ -70,7 +67,9 @@ def load_reward_model(
             "*ForSequenceClassification with one output (train one with `hybridflow rm`)"
         )
     if config.num_labels != 1:
-        raise ModelLoadError(f"{folder}: a reward model has one output (num_labels=1), this one has {config.num_labels}")
+        raise ModelLoadError(
+            f"{folder}: a reward model has one output (num_labels=1), this one has {config.num_labels}"
+        )
     tokenizer = load_tokenizer(folder, trust_remote_code=trust_remote_code)
     model = _from_pretrained(folder, dtype, trust_remote_code, attn_implementation)
     model.config.pad_token_id = tokenizer.pad_token_id
@@ -90,12 +89,14 @@ def reward_model_from_lm(
     tokenizer = load_tokenizer(folder, trust_remote_code=trust_remote_code)
     model = _from_pretrained(folder, dtype, trust_remote_code, attn_implementation, num_labels=1)
     head = score_head(model)
+    weight, bias = head.weight, getattr(head, "bias", None)
+    assert isinstance(weight, torch.Tensor), f"{type(head).__name__}.weight is not a tensor"
     generator = torch.Generator().manual_seed(seed)
     std = float(getattr(model.config, "initializer_range", 0.02))
     with torch.no_grad():
-        head.weight.copy_(torch.randn(head.weight.shape, generator=generator) * std)
-        if getattr(head, "bias", None) is not None:
-            head.bias.zero_()
+        weight.copy_(torch.randn(weight.shape, generator=generator) * std)
+        if bias is not None:
+            bias.zero_()
     model.config.pad_token_id = tokenizer.pad_token_id
     return model.eval(), tokenizer
 
@@ -119,7 +120,9 @@ def score_head(model: nn.Module) -> nn.Module:
 def decoder(model: nn.Module) -> nn.Module:
     """The transformer under the head (``model.model`` for Llama/Qwen2/Mistral)."""
     base = _unwrapped(model)
-    return getattr(base, base.base_model_prefix)
+    prefix = base.base_model_prefix  # a class attribute of every PreTrainedModel
+    assert isinstance(prefix, str), f"{type(base).__name__}.base_model_prefix is not an attribute name"
+    return getattr(base, prefix)
 
 
 def last_index(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -117,43 +118,38 @@ def build_tiny_model(
     tokenizer = tokenizer if tokenizer is not None else build_tiny_tokenizer()
     if hidden_size % 4 != 0:
         raise ValueError(f"hidden_size must be a multiple of 4 (4 heads), got {hidden_size}")
-    common = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        initializer_range=0.02,
-    )
-    if arch == "llama":
-        config, cls = LlamaConfig(**common), LlamaForCausalLM
-    elif arch == "qwen2":
-        config, cls = Qwen2Config(**common), Qwen2ForCausalLM
-    else:
+    common = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden_size,
+        "intermediate_size": 2 * hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": max_position_embeddings,
+        "tie_word_embeddings": tie_word_embeddings,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "initializer_range": 0.02,
+    }
+    if arch not in ("llama", "qwen2"):
         raise ValueError(f"unknown tiny model arch {arch!r}; valid: 'llama', 'qwen2'")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = cls(config)
-    return model.to(dtype).eval()
+        model: PreTrainedModel
+        if arch == "llama":
+            model = LlamaForCausalLM(LlamaConfig(**common))
+        else:
+            model = Qwen2ForCausalLM(Qwen2Config(**common))
+    # transformers declares PreTrainedModel.to as functools.wraps(Module.to), which type checkers read unbound
+    return model.to(dtype).eval()  # type: ignore[arg-type]
 
 
 def save_tiny_model(
-    path: str | os.PathLike,
-    tokenizer: PreTrainedTokenizerFast | None = None,
-    arch: str = "llama",
-    num_layers: int = 2,
-    hidden_size: int = 128,
-    seed: int = 0,
-    dtype: torch.dtype = torch.float32,
-    tie_word_embeddings: bool = True,
+    path: str | os.PathLike, tokenizer: PreTrainedTokenizerFast | None = None, **model_kwargs: Any
 ) -> Path:
-    """Write a Hugging Face model folder (config, safetensors, tokenizer) to ``path``.
+    """Write a Hugging Face model folder (config, safetensors, tokenizer) to ``path``; the model is
+    :func:`build_tiny_model` ``(tokenizer, **model_kwargs)`` (``arch``, ``num_layers``, ``seed``, ...).
 
     The folder is written next to ``path`` and renamed into place, so an interrupted call never
     leaves a half-written model. ``tokenizer_config.json`` names ``PreTrainedTokenizerFast``
@@ -164,10 +160,7 @@ def save_tiny_model(
     if path.exists():
         raise FileExistsError(f"refusing to overwrite existing path {path}")
     tokenizer = tokenizer if tokenizer is not None else build_tiny_tokenizer()
-    model = build_tiny_model(
-        tokenizer, arch=arch, num_layers=num_layers, hidden_size=hidden_size, seed=seed,
-        dtype=dtype, tie_word_embeddings=tie_word_embeddings,
-    )
+    model = build_tiny_model(tokenizer, **model_kwargs)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:

@@ -12,16 +12,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoModel, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModel, PreTrainedTokenizerBase
 
-from hybridflow.models.loader import (
-    WEIGHT_LOAD_ERRORS,
-    apply_lora,
-    enable_gradient_checkpointing,
-    load_tokenizer,
-    parse_dtype,
-    weights_load_error,
-)
+from hybridflow.models.loader import apply_lora, enable_gradient_checkpointing, load_pretrained, load_tokenizer
 from hybridflow.models.sources import resolve_model_path
 
 
@@ -62,7 +55,7 @@ def load_value_model(
     dtype: str | torch.dtype = "fp32",
     gradient_checkpointing: bool = False,
     lora_rank: int = 0,
-    lora_alpha: int = 16,
+    lora_alpha: float = 16,
     target_modules: str | list[str] = "all-linear",
     trust_remote_code: bool = False,
     seed: int = 0,
@@ -74,17 +67,12 @@ def load_value_model(
     """
     folder = resolve_model_path(path)
     tokenizer = load_tokenizer(folder, trust_remote_code=trust_remote_code)
-    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-    try:
-        backbone: PreTrainedModel = AutoModel.from_pretrained(
-            folder, dtype=parse_dtype(dtype), local_files_only=True, trust_remote_code=trust_remote_code, **extra
-        )
-    except WEIGHT_LOAD_ERRORS as err:
-        raise weights_load_error(folder, err) from err
+    backbone = load_pretrained(AutoModel, folder, dtype, trust_remote_code, attn_implementation)
     if gradient_checkpointing:
         enable_gradient_checkpointing(backbone)
     config = backbone.config
+    body: nn.Module = backbone
     if lora_rank > 0:
-        backbone = apply_lora(backbone, lora_rank, lora_alpha, target_modules, task_type="FEATURE_EXTRACTION")
-    model = ValueHeadModel(backbone, config.hidden_size, config.initializer_range, seed=seed)
+        body = apply_lora(backbone, lora_rank, lora_alpha, target_modules, task_type="FEATURE_EXTRACTION")
+    model = ValueHeadModel(body, config.hidden_size, config.initializer_range, seed=seed)
     return model.eval(), tokenizer

@@ -14,7 +14,11 @@ from hybridflow.protocol.batch_ops import (
     unpad_dataproto,
 )
 from hybridflow.protocol.dataproto import AUTO_PADDING_KEY, DataProto, DataProtoItem
-from hybridflow.protocol.errors import DataProtoError, DataProtoKeyError, DataProtoTypeError
+from hybridflow.protocol.errors import (
+    DataProtoError,
+    DataProtoKeyError,
+    DataProtoTypeError,
+)
 from hybridflow.protocol.future import DataProtoFuture
 from hybridflow.protocol.merge import (
     deep_equal,

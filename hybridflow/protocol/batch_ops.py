@@ -7,12 +7,12 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from tensordict import TensorDict
+from tensordict import TensorCollection, TensorDict
 
 from hybridflow.protocol.dataproto import DataProto, DataProtoItem
+from hybridflow.protocol.errors import DataProtoError, DataProtoTypeError
 from hybridflow.protocol.merge import list_of_dict_to_dict_of_list
 from hybridflow.protocol.rows import check_positive_int, object_array
-from hybridflow.protocol.errors import DataProtoError, DataProtoTypeError
 
 
 def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
@@ -56,7 +56,9 @@ def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
 def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
     """Merge the first ``batch_dims`` dims of every tensor and array into one batch dim."""
     check_positive_int("batch_dims", batch_dims)
-    columns = [] if data.batch is None else list(data.batch.items())
+    columns: list[tuple[str, torch.Tensor | TensorCollection | np.ndarray]] = []
+    if data.batch is not None:
+        columns += data.batch.items()
     columns += list(data.non_tensor_batch.items())
     leading = {tuple(v.shape[:batch_dims]) for _, v in columns}
     if len(leading) > 1 or any(v.ndim < batch_dims for _, v in columns):
@@ -78,7 +80,7 @@ def collate_fn(x: Sequence[DataProtoItem]) -> DataProto:
         raise DataProtoError("collate_fn needs at least one DataProtoItem")
     batch = None
     if x[0].batch is not None:
-        batch = torch.stack([item.batch for item in x]).contiguous()
+        batch = TensorDict.stack([item.batch for item in x]).contiguous()  # = torch.stack on TensorDicts
     key_sets = [sorted(item.non_tensor_batch) for item in x]
     if any(keys != key_sets[0] for keys in key_sets):
         raise DataProtoError(f"collate_fn: items have different non-tensor keys: {key_sets[0]} vs others")

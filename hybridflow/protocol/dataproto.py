@@ -8,20 +8,26 @@ A ``DataProto`` holds ``B`` rows in three parts:
 * ``meta_info`` — ``{name: value}`` facts about the whole batch (temperature, metrics, ...).
 
 Names and semantics follow verl's ``verl.protocol`` so ported code only changes its import.
+The class keeps verl's methods; the work behind some of them lives beside it, one job a module:
+``consistency.py`` (the parts agree), ``key_ops.py`` (select, pop, rename), ``splitting.py``
+(chunk bounds, iteration settings), ``describe.py`` (sizes, summary).
 """
 
 from __future__ import annotations
 
-import copy
 import pickle
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import torch
 from tensordict import TensorDict
 
+from hybridflow.protocol.consistency import check_parts
+from hybridflow.protocol.describe import data_info, size_message
+from hybridflow.protocol.errors import DataProtoError, DataProtoTypeError
+from hybridflow.protocol.key_ops import pop_parts, rename_keys, select_parts
 from hybridflow.protocol.merge import (
     check_same_keys,
     merge_meta_info,
@@ -38,8 +44,8 @@ from hybridflow.protocol.rows import (
     is_scalar_index,
     unfold_or_repeat,
 )
+from hybridflow.protocol.splitting import chunk_bounds, iteration_settings
 from hybridflow.protocol.tensordict_io import pack_tensordict, unpack_tensordict
-from hybridflow.protocol.errors import DataProtoError, DataProtoKeyError, DataProtoTypeError
 
 # verl's key, kept so batches (and their padding flag) move between the two frameworks.
 AUTO_PADDING_KEY = "_verl_auto_padding"
@@ -75,29 +81,7 @@ class DataProto:
 
     def check_consistency(self) -> None:
         """Raise if the parts disagree: one batch dim when there are non-tensors, equal lengths."""
-        if self.batch is not None and not isinstance(self.batch, TensorDict):
-            raise DataProtoTypeError(f"DataProto.batch must be a TensorDict or None, got {type(self.batch).__name__}")
-        if not isinstance(self.non_tensor_batch, dict):
-            raise DataProtoTypeError(f"DataProto.non_tensor_batch must be a dict, got {type(self.non_tensor_batch).__name__}")
-        if not isinstance(self.meta_info, dict):
-            raise DataProtoTypeError(f"DataProto.meta_info must be a dict, got {type(self.meta_info).__name__}")
-        if self.batch is not None and len(self.batch.batch_size) == 0:
-            raise DataProtoError("DataProto.batch needs a batch dimension, got batch_size ()")
-        if self.batch is not None and self.non_tensor_batch and len(self.batch.batch_size) != 1:
-            raise DataProtoError(
-                f"DataProto supports one batch dim when non_tensor_batch is not empty, got batch_size "
-                f"{tuple(self.batch.batch_size)}"
-            )
-        expected = None if self.batch is None else int(self.batch.batch_size[0])
-        for key, value in self.non_tensor_batch.items():
-            if not isinstance(value, np.ndarray):
-                raise DataProtoTypeError(f"non_tensor_batch[{key!r}] must be a numpy ndarray, got {type(value).__name__}")
-            if value.ndim == 0:
-                raise DataProtoError(f"non_tensor_batch[{key!r}] is a 0-d array; it needs one entry per row")
-            if expected is None:
-                expected = value.shape[0]
-            elif value.shape[0] != expected:
-                raise DataProtoError(f"non_tensor_batch[{key!r}] has {value.shape[0]} rows, expected {expected}")
+        check_parts(self.batch, self.non_tensor_batch, self.meta_info)
 
     def __len__(self) -> int:
         if self.batch is not None:
@@ -106,14 +90,25 @@ class DataProto:
             return int(value.shape[0])
         return 0
 
-    def __getitem__(self, item: int | slice | IndexLike) -> DataProto | DataProtoItem:
+    @overload
+    def __getitem__(self, item: int | np.integer) -> DataProtoItem: ...
+
+    @overload
+    def __getitem__(self, item: slice) -> DataProto: ...
+
+    @overload
+    def __getitem__(self, item: IndexLike) -> DataProto | DataProtoItem: ...
+
+    def __getitem__(self, item: int | np.integer | slice | IndexLike) -> DataProto | DataProtoItem:
         """slice → :meth:`slice`; list/ndarray/tensor → :meth:`select_idxs`; int → one row."""
         if isinstance(item, slice):
             return self.slice(item.start, item.stop, item.step)
         if isinstance(item, list | np.ndarray | torch.Tensor) and not is_scalar_index(item):
             return self.select_idxs(item)
         if isinstance(item, bool) or not isinstance(item, int | np.integer | torch.Tensor | np.ndarray):
-            raise DataProtoTypeError(f"DataProto indices must be int, slice, list, ndarray or tensor, got {type(item).__name__}")
+            raise DataProtoTypeError(
+                f"DataProto indices must be int, slice, list, ndarray or tensor, got {type(item).__name__}"
+            )
         row = int(item)
         if not -len(self) <= row < len(self):
             raise IndexError(f"row {row} out of range for a DataProto of {len(self)} rows")
@@ -124,6 +119,15 @@ class DataProto:
     def __iter__(self) -> Iterator[DataProtoItem]:
         for row in range(len(self)):
             yield self[row]
+
+    def require_batch(self) -> TensorDict:
+        """``batch``, for code that needs the tensors; raises if this DataProto has none.
+
+        ``batch`` is ``None`` (as in verl) when a DataProto holds only non-tensors and meta.
+        """
+        if self.batch is None:
+            raise DataProtoError("this DataProto has no tensor batch (batch is None): it holds only non-tensors/meta")
+        return self.batch
 
     # --- pickling: a plain dict of tensors survives any tensordict version -------------------
 
@@ -235,23 +239,11 @@ class DataProto:
         Batch keys must exist; absent non-tensor / meta keys are skipped (as in verl).
         ``deepcopy=True`` copies tensors and values instead of sharing them.
         """
-        batch = self.batch
-        if batch_keys is not None:
-            missing = [k for k in batch_keys if self.batch is None or k not in self.batch.keys()]
-            if missing:
-                raise DataProtoKeyError(f"select: batch keys {missing} not in the batch")
-            batch = self.batch.select(*batch_keys) if self.batch is not None else None
-        non_tensors = self.non_tensor_batch
-        if non_tensor_batch_keys is not None:
-            non_tensors = {k: v for k, v in self.non_tensor_batch.items() if k in non_tensor_batch_keys}
-        meta = self.meta_info
-        if meta_info_keys is not None:
-            meta = {k: v for k, v in self.meta_info.items() if k in meta_info_keys}
-        if deepcopy:
-            batch = None if batch is None else batch.clone()
-            non_tensors, meta = copy.deepcopy(non_tensors), copy.deepcopy(meta)
-        else:
-            non_tensors, meta = dict(non_tensors), dict(meta)
+        batch, non_tensors, meta = select_parts(
+            (self.batch, self.non_tensor_batch, self.meta_info),
+            (batch_keys, non_tensor_batch_keys, meta_info_keys),
+            deepcopy,
+        )
         return type(self)(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
 
     def select_idxs(self, idxs: IndexLike) -> DataProto:
@@ -284,43 +276,16 @@ class DataProto:
         meta_info_keys: Sequence[str] | None = None,
     ) -> DataProto:
         """Remove the named keys from self (all must exist) and return them as a new DataProto."""
-        batch_keys = list(batch_keys or [])
-        non_tensor_batch_keys = list(non_tensor_batch_keys or [])
-        meta_info_keys = list(meta_info_keys or [])
-        batch_names = [] if self.batch is None else list(self.batch.keys())
-        for part, keys, present in (
-            ("batch", batch_keys, batch_names),
-            ("non_tensor_batch", non_tensor_batch_keys, self.non_tensor_batch),
-            ("meta_info", meta_info_keys, self.meta_info),
-        ):
-            missing = [k for k in keys if k not in present]
-            if missing:
-                raise DataProtoKeyError(f"pop: keys {missing} not in {part}")
-        batch = None
-        if batch_keys:
-            popped = {k: self.batch.pop(k) for k in batch_keys}
-            batch = TensorDict(popped, batch_size=self.batch.batch_size, device=self.batch.device)
-        non_tensors = {k: self.non_tensor_batch.pop(k) for k in non_tensor_batch_keys}
-        meta = {k: self.meta_info.pop(k) for k in meta_info_keys}
+        batch, non_tensors, meta = pop_parts(
+            (self.batch, self.non_tensor_batch, self.meta_info), (batch_keys, non_tensor_batch_keys, meta_info_keys)
+        )
         return type(self)(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
 
     def rename(
         self, old_keys: str | Sequence[str] | None = None, new_keys: str | Sequence[str] | None = None
     ) -> DataProto:
         """Rename batch (or non-tensor) keys in place; returns self."""
-        old = [old_keys] if isinstance(old_keys, str) else list(old_keys or [])
-        new = [new_keys] if isinstance(new_keys, str) else list(new_keys or [])
-        if len(old) != len(new):
-            raise DataProtoError(f"rename: {len(old)} old keys but {len(new)} new keys")
-        batch_names = [] if self.batch is None else list(self.batch.keys())
-        for old_key, new_key in zip(old, new):
-            if old_key in batch_names:
-                self.batch.rename_key_(old_key, new_key)
-                batch_names = list(self.batch.keys())
-            elif old_key in self.non_tensor_batch:
-                self.non_tensor_batch[new_key] = self.non_tensor_batch.pop(old_key)
-            else:
-                raise DataProtoKeyError(f"rename: key {old_key!r} is neither in batch nor in non_tensor_batch")
+        rename_keys(self.batch, self.non_tensor_batch, old_keys, new_keys)
         return self
 
     # --- combining ----------------------------------------------------------------------------
@@ -351,13 +316,13 @@ class DataProto:
         """
         if len(data) == 0:
             raise DataProtoError("DataProto.concat needs at least one DataProto")
-        with_batch = [d.batch is not None for d in data]
-        if any(with_batch) and not all(with_batch):
+        batches = [d.batch for d in data if d.batch is not None]
+        if batches and len(batches) != len(data):
             raise DataProtoError("DataProto.concat: some parts have a tensor batch and others do not")
-        batch = None
-        if all(with_batch):
-            check_same_keys("batch", [sorted(d.batch.keys()) for d in data])
-            batch = torch.cat([d.batch for d in data], dim=0)
+        batch: TensorDict | None = None
+        if batches:
+            check_same_keys("batch", [sorted(str(k) for k in b.keys()) for b in batches])  # top-level keys: str
+            batch = TensorDict.cat(batches, dim=0)  # what torch.cat on TensorDicts dispatches to
         check_same_keys("non_tensor_batch", [sorted(d.non_tensor_batch) for d in data])
         non_tensors = {
             key: np.concatenate([d.non_tensor_batch[key] for d in data], axis=0) for key in data[0].non_tensor_batch
@@ -376,19 +341,7 @@ class DataProto:
         (6 rows in 4 chunks: 2, 2, 2) it is an error, where verl fails with an IndexError.
         """
         check_positive_int("chunks", chunks)
-        rows = len(self)
-        if rows % chunks != 0 and not self.is_padding_enabled():
-            raise DataProtoError(
-                f"only support equal chunk: a DataProto of {rows} rows cannot be cut into {chunks} chunks "
-                "(pad it with pad_dataproto_to_divisor or enable auto_padding)"
-            )
-        size = -(-rows // chunks) if rows else 0
-        starts = list(range(0, rows, size)) if size else [0] * chunks
-        if len(starts) != chunks:
-            raise DataProtoError(
-                f"cannot chunk {rows} rows into {chunks} parts of ⌈{rows}/{chunks}⌉ = {size} rows (as torch.chunk): "
-                f"that makes {len(starts)} parts; pad to a multiple of {chunks} first (pad_dataproto_to_divisor)"
-            )
+        starts, size = chunk_bounds(len(self), chunks, self.is_padding_enabled())
         return [self.slice(start, start + size) for start in starts]
 
     def split(self, split_size: int) -> list[DataProto]:
@@ -428,12 +381,12 @@ class DataProto:
         key is repeated (interleaved) ``n_split`` times so rows stay aligned.
         """
         check_positive_int("n_split", n_split)
-        split_keys = set(split_keys or [])
+        to_split = set(split_keys or [])
         batch = None
         if self.batch is not None:
-            columns = {k: unfold_or_repeat(k, v, n_split, k in split_keys) for k, v in self.batch.items()}
+            columns = {k: unfold_or_repeat(k, v, n_split, k in to_split) for k, v in self.batch.items()}
             batch = TensorDict(columns, batch_size=[len(self) * n_split], device=self.batch.device)
-        non_tensors = {k: unfold_or_repeat(k, v, n_split, k in split_keys) for k, v in self.non_tensor_batch.items()}
+        non_tensors = {k: unfold_or_repeat(k, v, n_split, k in to_split) for k, v in self.non_tensor_batch.items()}
         return type(self)(batch=batch, non_tensor_batch=non_tensors, meta_info=dict(self.meta_info))
 
     # --- padding ------------------------------------------------------------------------------
@@ -471,18 +424,7 @@ class DataProto:
         generator seeded with ``seed`` (same seed → identical mini-batches).
         """
         check_positive_int("mini_batch_size", mini_batch_size)
-        if len(self) % mini_batch_size != 0:
-            raise DataProtoError(f"make_iterator: {len(self)} rows is not a multiple of mini_batch_size={mini_batch_size}")
-        kwargs = dict(dataloader_kwargs or {})
-        shuffle = bool(kwargs.pop("shuffle", False))
-        kwargs.pop("drop_last", None)  # always exact: the length is a multiple of the size
-        if kwargs:
-            raise DataProtoError(
-                f"make_iterator: unsupported dataloader_kwargs {sorted(kwargs)}; supported: shuffle, drop_last"
-            )
-        generator = None
-        if seed is not None:
-            generator = torch.Generator().manual_seed(seed)
+        shuffle, generator = iteration_settings(len(self), mini_batch_size, seed, dataloader_kwargs)
         return self._iterate(mini_batch_size, epochs, shuffle, generator)
 
     def _iterate(self, size: int, epochs: int, shuffle: bool, generator: torch.Generator | None) -> Iterator[DataProto]:
@@ -497,13 +439,7 @@ class DataProto:
 
     def print_size(self, prefix: str = "") -> str:
         """Print (and return) the memory of the tensors and of the numpy arrays in GB."""
-        tensors = [] if self.batch is None else self.batch.values(include_nested=True, leaves_only=True)
-        tensor_bytes = sum(t.element_size() * t.numel() for t in tensors)
-        array_bytes = sum(array.nbytes for array in self.non_tensor_batch.values())
-        message = (
-            f"Size of tensordict: {tensor_bytes / 1024**3} GB, "
-            f"size of non_tensor_batch: {array_bytes / 1024**3} GB"
-        )
+        message = size_message(self.batch, self.non_tensor_batch)
         if prefix:
             message = f"{prefix}, {message}"
         print(message)
@@ -511,17 +447,7 @@ class DataProto:
 
     def get_data_info(self) -> str:
         """A multi-line summary: each key with its shape and dtype, meta keys with their types."""
-        lines = [f"DataProto with {len(self)} rows", "batch"]
-        if self.batch is not None:
-            for key, value in self.batch.items():
-                lines.append(f"  {key}: {tuple(value.shape)} ({value.dtype}) {value.device}")
-        lines.append("non_tensor_batch")
-        for key, array in self.non_tensor_batch.items():
-            lines.append(f"  {key}: ndarray{array.shape} ({array.dtype})")
-        lines.append("meta_info")
-        for key, value in self.meta_info.items():
-            lines.append(f"  {key}: {type(value).__name__}")
-        return "\n".join(lines)
+        return data_info(len(self), self.batch, self.non_tensor_batch, self.meta_info)
 
 
 def _has_rows(data: DataProto) -> bool:

@@ -15,9 +15,10 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from hybridflow.fields import META_METRICS
 from hybridflow.protocol.errors import DataProtoError, DataProtoTypeError
 
-METRICS_KEY = "metrics"
+METRICS_KEY = META_METRICS  # verl merges this meta_info key across concatenated batches
 
 
 def deep_equal(a: Any, b: Any, _active: set[tuple[int, int]] | None = None) -> bool:
@@ -102,7 +103,8 @@ def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> Ten
         raise DataProtoError(
             f"union: batch sizes differ: {tuple(tensor_dict1.batch_size)} vs {tuple(tensor_dict2.batch_size)}"
         )
-    for key, value in tensor_dict2.items():
+    for key in tensor_dict2.keys():
+        value = tensor_dict2[key]
         if key in tensor_dict1.keys() and not torch.equal(tensor_dict1[key], value):
             raise DataProtoError(f"union: tensor {key!r} differs between the two batches")
         tensor_dict1[key] = value

@@ -98,5 +98,7 @@ def as_object_column(key: str, value: Any) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
     if not isinstance(value, list | tuple):
-        raise DataProtoTypeError(f"from_dict: non_tensors[{key!r}] is a {type(value).__name__}; expected an ndarray or list")
+        raise DataProtoTypeError(
+            f"from_dict: non_tensors[{key!r}] is a {type(value).__name__}; expected an ndarray or list"
+        )
     return object_array(value)

@@ -59,7 +59,10 @@ def serialize_tensordict(batch: TensorDict) -> tuple[tuple[int, ...], str | None
         if not isinstance(value, torch.Tensor):
             raise DataProtoTypeError(f"serialize_tensordict: entry {key!r} is a {type(value).__name__}, not a tensor")
         if value.is_nested:
-            items[key] = (str(value.layout).removeprefix("torch."), [serialize_single_tensor(t) for t in value.unbind()])
+            items[key] = (
+                str(value.layout).removeprefix("torch."),
+                [serialize_single_tensor(t) for t in value.unbind()],
+            )
         else:
             items[key] = serialize_single_tensor(value)
     device = None if batch.device is None else str(batch.device)

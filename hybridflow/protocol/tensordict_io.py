@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import NonTensorData, NonTensorStack, TensorDict
+from tensordict import NonTensorData, NonTensorStack, TensorCollection, TensorDict
 
-from hybridflow.protocol.rows import object_array
 from hybridflow.protocol.errors import DataProtoError, DataProtoTypeError
+from hybridflow.protocol.rows import object_array
 
 
 def pack_tensordict(
@@ -43,7 +43,7 @@ def unpack_tensordict(
             f"from_tensordict: batch_size {tuple(tensor_dict.batch_size)} does not have "
             f"num_batch_dims={num_batch_dims} dims"
         )
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict[str, torch.Tensor | TensorCollection] = {}  # a nested TensorDict stays one entry
     non_tensors: dict[str, np.ndarray] = {}
     meta: dict[str, Any] = {}
     for key, value in tensor_dict.items():

@@ -22,8 +22,10 @@ def resolve_token(host: str, token: str | None, no_token: bool) -> tuple[str | N
     reach that address could run code on this machine."""
     if no_token:
         if not is_loopback(host):
-            raise ValueError(f"--no-token is only allowed on a loopback --host (127.0.0.1, ::1, localhost), not "
-                             f"{host}: anyone who can reach that address could run code here")
+            raise ValueError(
+                f"--no-token is only allowed on a loopback --host (127.0.0.1, ::1, localhost), not "
+                f"{host}: anyone who can reach that address could run code here"
+            )
         return None, False
     if token:
         return token, False

@@ -39,8 +39,9 @@ class SandboxUnavailableError(InputError, RuntimeError):
 
 
 class SandboxClient(Protocol):
-    async def run(self, code: str, *, stdin: str = "", timeout_s: float | None = None,
-                  memory_mb: int | None = None) -> RunResult: ...
+    async def run(
+        self, code: str, *, stdin: str = "", timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> RunResult: ...
 
 
 class _Slots:
@@ -65,18 +66,26 @@ class _Slots:
 class LocalSandbox:
     """Programs run on this machine under the detected isolation (see the module docstring)."""
 
-    def __init__(self, limits: SandboxLimits = SandboxLimits(), *, max_concurrent: int = 4,
-                 allow_weak_isolation: bool = False, what: str = "this code reward") -> None:
+    def __init__(
+        self,
+        limits: SandboxLimits = SandboxLimits(),
+        *,
+        max_concurrent: int = 4,
+        allow_weak_isolation: bool = False,
+        what: str = "this code reward",
+    ) -> None:
         if max_concurrent < 1:
             raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
         self.isolation: Isolation = require_isolation(allow_weak_isolation, what)
         self.limits = limits
         self._slots = _Slots(max_concurrent)
 
-    async def run(self, code: str, *, stdin: str = "", timeout_s: float | None = None,
-                  memory_mb: int | None = None) -> RunResult:
-        limits = replace(self.limits, wall_s=timeout_s or self.limits.wall_s,
-                         memory_mb=memory_mb or self.limits.memory_mb)
+    async def run(
+        self, code: str, *, stdin: str = "", timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> RunResult:
+        limits = replace(
+            self.limits, wall_s=timeout_s or self.limits.wall_s, memory_mb=memory_mb or self.limits.memory_mb
+        )
         async with self._slots.get():
             return await run_code(code, stdin=stdin, limits=limits, isolation=self.isolation)
 
@@ -84,8 +93,17 @@ class LocalSandbox:
 class FusionSandbox:
     """A Sandbox Fusion ``/run_code`` endpoint (see the module docstring)."""
 
-    def __init__(self, url: str, *, max_concurrent: int = 4, retries: int = 3, memory_mb: int = 1024,
-                 timeout_s: float = 10.0, request_timeout_s: float = 30.0, token: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_concurrent: int = 4,
+        retries: int = 3,
+        memory_mb: int = 1024,
+        timeout_s: float = 10.0,
+        request_timeout_s: float = 30.0,
+        token: str | None = None,
+    ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"sandbox url must start with http:// or https://, got {url!r}")
         self.url = url.rstrip("/")
@@ -104,11 +122,20 @@ class FusionSandbox:
         with urllib.request.urlopen(request, timeout=timeout_s + self.request_timeout_s) as response:
             return json.loads(response.read())
 
-    async def run(self, code: str, *, stdin: str = "", timeout_s: float | None = None,
-                  memory_mb: int | None = None) -> RunResult:
+    async def run(
+        self, code: str, *, stdin: str = "", timeout_s: float | None = None, memory_mb: int | None = None
+    ) -> RunResult:
         timeout = timeout_s or self.timeout_s
-        payload = json.dumps({"code": code, "language": "python", "stdin": stdin, "run_timeout": timeout,
-                              "compile_timeout": timeout, "memory_limit_MB": memory_mb or self.memory_mb}).encode()
+        payload = json.dumps(
+            {
+                "code": code,
+                "language": "python",
+                "stdin": stdin,
+                "run_timeout": timeout,
+                "compile_timeout": timeout,
+                "memory_limit_MB": memory_mb or self.memory_mb,
+            }
+        ).encode()
         last = ""
         async with self._slots.get():
             for attempt in range(self.retries + 1):
@@ -118,7 +145,9 @@ class FusionSandbox:
                 except urllib.error.HTTPError as exc:
                     detail = exc.read().decode("utf-8", errors="replace")[:300]
                     if exc.code < 500:  # the request itself is wrong: retrying will not help
-                        raise SandboxUnavailableError(f"sandbox {self.endpoint} refused the request: HTTP {exc.code}: {detail}") from None
+                        raise SandboxUnavailableError(
+                            f"sandbox {self.endpoint} refused the request: HTTP {exc.code}: {detail}"
+                        ) from None
                     last = f"HTTP {exc.code}: {detail}"
                 except (urllib.error.URLError, OSError, TimeoutError, json.JSONDecodeError) as exc:
                     last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"

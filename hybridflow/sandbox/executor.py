@@ -67,7 +67,8 @@ class _UidPool:
     """Distinct uids for concurrent runs, so ``RLIMIT_NPROC`` counts one run's processes only."""
 
     def __init__(self, base: int) -> None:
-        self._base, self._free, self._next = base, [], 0
+        self._base, self._next = base, 0
+        self._free: list[int] = []
         self._lock = threading.Lock()
 
     def take(self) -> int:
@@ -153,28 +154,64 @@ async def run_code(
 
 
 async def _run(
-    command: list[str], payload: bytes, env: dict | None, cwd: str, limits: SandboxLimits,
-    isolation: Isolation, started: float,
+    command: list[str],
+    payload: bytes,
+    env: dict | None,
+    cwd: str,
+    limits: SandboxLimits,
+    isolation: Isolation,
+    started: float,
 ) -> RunResult:
     try:
         proc = await asyncio.create_subprocess_exec(
-            *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, cwd=cwd, env=env, start_new_session=True,
+            *command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
         )
     except OSError as exc:
         return RunResult(SANDBOX_ERROR, None, "", f"the sandbox could not start: {exc}", 0.0, isolation.level)
+    streams, over, timed_out = await _exchange(proc, payload, limits)
+    return_code = await proc.wait()
+    transport = getattr(proc, "_transport", None)  # asyncio has no public close for a Process's pipes
+    if transport is not None:
+        transport.close()
+    stdout = bytes(streams["stdout"][: limits.max_output_bytes]).decode("utf-8", errors="replace")
+    stderr = bytes(streams["stderr"][: limits.max_output_bytes]).decode("utf-8", errors="replace")
+    return _verdict(
+        return_code,
+        stdout,
+        stderr,
+        over[0] if over else None,
+        timed_out,
+        limits,
+        isolation,
+        time.perf_counter() - started,
+    )
+
+
+async def _exchange(
+    proc: asyncio.subprocess.Process, payload: bytes, limits: SandboxLimits
+) -> tuple[dict[str, bytearray], list[str], bool]:
+    """Feed ``payload`` to the program and read its output until it ends, the clock runs out or
+    a stream passes its cap; then kill its process group. Returns ``(streams, over, timed_out)``:
+    the bytes read per stream, the streams that passed the cap, whether the clock ran out."""
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    stdin = proc.stdin  # narrowed above; the closure below sees the local
     streams = {"stdout": bytearray(), "stderr": bytearray()}
     over: list[str] = []
 
     async def feed() -> None:
         try:
-            proc.stdin.write(payload)
-            await proc.stdin.drain()
+            stdin.write(payload)
+            await stdin.drain()
         except (BrokenPipeError, ConnectionResetError):
             pass
         finally:
-            proc.stdin.close()
+            stdin.close()
 
     async def read(name: str, stream: asyncio.StreamReader) -> None:
         buffer = streams[name]
@@ -197,38 +234,57 @@ async def _run(
     _, pending = await asyncio.wait(tasks, timeout=1.0)
     for task in pending:
         task.cancel()
-    return_code = await proc.wait()
-    transport = getattr(proc, "_transport", None)  # asyncio has no public close for a Process's pipes
-    if transport is not None:
-        transport.close()
-    stdout = bytes(streams["stdout"][: limits.max_output_bytes]).decode("utf-8", errors="replace")
-    stderr = bytes(streams["stderr"][: limits.max_output_bytes]).decode("utf-8", errors="replace")
-    return _verdict(return_code, stdout, stderr, over[0] if over else None, timed_out, limits, isolation,
-                    time.perf_counter() - started)
+    return streams, over, timed_out
 
 
 def _verdict(
-    return_code: int, stdout: str, stderr: str, over: str | None, timed_out: bool, limits: SandboxLimits,
-    isolation: Isolation, elapsed: float,
+    return_code: int,
+    stdout: str,
+    stderr: str,
+    over: str | None,
+    timed_out: bool,
+    limits: SandboxLimits,
+    isolation: Isolation,
+    elapsed: float,
 ) -> RunResult:
     """Name what ended the run (module docstring): a cap, the clock, the CPU limit, the sandbox, or the program."""
     if over is not None:
-        return RunResult(OUTPUT_LIMIT, None, stdout, stderr + f"\n[stopped: {over} passed {limits.max_output_bytes} bytes]",
-                         elapsed, isolation.level)
+        return RunResult(
+            OUTPUT_LIMIT,
+            None,
+            stdout,
+            stderr + f"\n[stopped: {over} passed {limits.max_output_bytes} bytes]",
+            elapsed,
+            isolation.level,
+        )
     if timed_out:
-        return RunResult(TIME_LIMIT, None, stdout, stderr + f"\n[stopped: did not finish within {limits.wall_s:g} s]",
-                         elapsed, isolation.level)
+        return RunResult(
+            TIME_LIMIT,
+            None,
+            stdout,
+            stderr + f"\n[stopped: did not finish within {limits.wall_s:g} s]",
+            elapsed,
+            isolation.level,
+        )
     if return_code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
-        return RunResult(TIME_LIMIT, return_code, stdout, stderr + f"\n[stopped: CPU time limit of {limits.cpu_seconds} s]",
-                         elapsed, isolation.level)
+        return RunResult(
+            TIME_LIMIT,
+            return_code,
+            stdout,
+            stderr + f"\n[stopped: CPU time limit of {limits.cpu_seconds} s]",
+            elapsed,
+            isolation.level,
+        )
     if isolation.level == BWRAP and return_code == 1 and stderr.startswith("bwrap:"):
         return RunResult(SANDBOX_ERROR, None, stdout, stderr, elapsed, isolation.level)
     return RunResult(FINISHED, return_code, stdout, stderr, elapsed, isolation.level)
 
 
 def describe_limits(limits: SandboxLimits) -> str:
-    return (f"wall {limits.wall_s:g} s, CPU {limits.cpu_seconds} s, memory {limits.memory_mb} MB, "
-            f"{limits.max_processes} processes, output {limits.max_output_bytes} B, files {limits.max_file_bytes} B")
+    return (
+        f"wall {limits.wall_s:g} s, CPU {limits.cpu_seconds} s, memory {limits.memory_mb} MB, "
+        f"{limits.max_processes} processes, output {limits.max_output_bytes} B, files {limits.max_file_bytes} B"
+    )
 
 
 __all__ = ["RunResult", "run_code", "describe_limits", "FINISHED", "TIME_LIMIT", "OUTPUT_LIMIT", "SANDBOX_ERROR"]

@@ -61,7 +61,9 @@ class FusionRequest:
             raise FusionRequestError(f"'run_timeout' must be a positive number, got {timeout!r}")
         memory = body.get("memory_limit_MB")
         if memory is not None and (not isinstance(memory, int) or isinstance(memory, bool) or 0 < memory < 32):
-            raise FusionRequestError(f"'memory_limit_MB' must be an integer >= 32 (or <= 0: the default), got {memory!r}")
+            raise FusionRequestError(
+                f"'memory_limit_MB' must be an integer >= 32 (or <= 0: the default), got {memory!r}"
+            )
         files = body.get("files") or {}
         if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
             raise FusionRequestError("'files' must map file names to base64 strings")
@@ -72,28 +74,58 @@ class FusionRequest:
                 raise FusionRequestError(f"files[{name!r}] is not valid base64") from None
         if body.get("fetch_files"):
             raise FusionRequestError("'fetch_files' is not supported by this sandbox")
-        return cls(code, stdin, None if timeout is None else float(timeout),
-                   None if memory is None or memory <= 0 else memory, files)
+        return cls(
+            code,
+            stdin,
+            None if timeout is None else float(timeout),
+            None if memory is None or memory <= 0 else memory,
+            files,
+        )
 
 
 def fusion_response(result: RunResult) -> dict[str, Any]:
     """``result`` in Sandbox Fusion's response format (module docstring)."""
     if result.status == SANDBOX_ERROR:
-        return {"status": "SandboxError", "message": result.stderr, "compile_result": None, "run_result": None,
-                "executor_pod_name": None, "files": {}}
+        return {
+            "status": "SandboxError",
+            "message": result.stderr,
+            "compile_result": None,
+            "run_result": None,
+            "executor_pod_name": None,
+            "files": {},
+        }
     status = "Success" if result.status == FINISHED and result.return_code == 0 else "Failed"
-    run = {"status": result.status, "execution_time": result.execution_time, "return_code": result.return_code,
-           "stdout": result.stdout, "stderr": result.stderr}
-    return {"status": status, "message": "", "compile_result": None, "run_result": run,
-            "executor_pod_name": None, "files": {}}
+    run = {
+        "status": result.status,
+        "execution_time": result.execution_time,
+        "return_code": result.return_code,
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+    }
+    return {
+        "status": status,
+        "message": "",
+        "compile_result": None,
+        "run_result": run,
+        "executor_pod_name": None,
+        "files": {},
+    }
 
 
 def result_from_fusion(body: dict[str, Any], isolation: str = "remote") -> RunResult:
     """A Sandbox Fusion response (ours or a real server's) as a :class:`RunResult`."""
     if body.get("status") == "SandboxError" or not isinstance(body.get("run_result"), dict):
         compile_result = body.get("compile_result") or {}
-        message = body.get("message") or compile_result.get("stderr") or f"status {body.get('status')!r} without run_result"
+        message = (
+            body.get("message") or compile_result.get("stderr") or f"status {body.get('status')!r} without run_result"
+        )
         return RunResult(SANDBOX_ERROR, None, "", str(message), 0.0, isolation)
     run = body["run_result"]
-    return RunResult(str(run.get("status")), run.get("return_code"), run.get("stdout") or "", run.get("stderr") or "",
-                     float(run.get("execution_time") or 0.0), isolation)
+    return RunResult(
+        str(run.get("status")),
+        run.get("return_code"),
+        run.get("stdout") or "",
+        run.get("stderr") or "",
+        float(run.get("execution_time") or 0.0),
+        isolation,
+    )

@@ -74,7 +74,11 @@ def can_switch_uid() -> bool:
 def python_paths() -> tuple[str, str]:
     """``(interpreter, installation prefix)`` of the base Python (not a virtualenv's)."""
     prefix = os.path.realpath(sys.base_prefix)
-    for name in (f"python{sys.version_info.major}.{sys.version_info.minor}", f"python{sys.version_info.major}", "python"):
+    for name in (
+        f"python{sys.version_info.major}.{sys.version_info.minor}",
+        f"python{sys.version_info.major}",
+        "python",
+    ):
         candidate = os.path.join(prefix, "bin", name)
         if os.access(candidate, os.X_OK):
             return candidate, prefix
@@ -106,8 +110,19 @@ def bwrap_arguments(workdir_size: int, *, as_root: bool) -> list[str]:
     args += ["--proc", "/proc", "--dev", "/dev"]
     args += ["--perms", "1777", "--size", str(workdir_size), "--tmpfs", "/tmp"]
     args += ["--perms", "0700", "--size", str(workdir_size), "--tmpfs", SANDBOX_WORKDIR]
-    args += ["--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", SANDBOX_WORKDIR,
-             "--setenv", "LANG", "C.UTF-8", "--chdir", SANDBOX_WORKDIR]
+    args += [
+        "--setenv",
+        "PATH",
+        "/usr/local/bin:/usr/bin:/bin",
+        "--setenv",
+        "HOME",
+        SANDBOX_WORKDIR,
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+        "--chdir",
+        SANDBOX_WORKDIR,
+    ]
     if as_root:  # the launcher needs these three to hand the workdir to the run's uid and switch to it
         args += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN"]
     return args + ["--"]
@@ -127,8 +142,11 @@ def detect_isolation() -> Isolation:
     """The strongest level that works here: bubblewrap is tried with a real command (once per
     process; the ``/proc`` check runs every time, as a forked child may be in another namespace)."""
     if not own_proc():
-        return Isolation(RLIMITS, "this process is in a PID namespace without its own /proc (e.g. a reward "
-                         "scorer process), where bubblewrap cannot run; send the code to `hybridflow sandbox`")
+        return Isolation(
+            RLIMITS,
+            "this process is in a PID namespace without its own /proc (e.g. a reward "
+            "scorer process), where bubblewrap cannot run; send the code to `hybridflow sandbox`",
+        )
     return _probe_bwrap()
 
 
@@ -170,6 +188,9 @@ def require_isolation(allow_weak: bool, what: str) -> Isolation:
     logger.warning(
         "%s runs model-written code under WEAK isolation ('%s': %s) because allow_weak_isolation is true: "
         "the code can read what this user can read, open network connections and write where this user "
-        "can. Install bubblewrap for the strong sandbox.", what, isolation.level, isolation.detail,
+        "can. Install bubblewrap for the strong sandbox.",
+        what,
+        isolation.level,
+        isolation.detail,
     )
     return isolation

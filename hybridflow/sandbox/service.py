@@ -66,8 +66,9 @@ def create_app(
     slots = asyncio.Semaphore(max_concurrent)
     hosts = frozenset(allowed_hosts) if allowed_hosts is not None else default_allowed_hosts("127.0.0.1")
     route_token = RouteToken(token, frozenset({RUN_CODE_PATH}), TOKEN_HINT) if token else None
-    app.add_middleware(RequestGuard, allowed_hosts=hosts, api_key=None, max_body_bytes=max_body_bytes,
-                       route_token=route_token)
+    app.add_middleware(
+        RequestGuard, allowed_hosts=hosts, api_key=None, max_body_bytes=max_body_bytes, route_token=route_token
+    )
 
     @app.exception_handler(BodyTooLarge)
     async def _too_large(request: Request, err: BodyTooLarge) -> JSONResponse:
@@ -75,27 +76,42 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"isolation": isolation.level, "detail": isolation.detail, "max_concurrent": max_concurrent,
-                "limits": {"wall_s": limits.wall_s, "memory_mb": limits.memory_mb,
-                           "max_processes": limits.max_processes, "max_output_bytes": limits.max_output_bytes}}
+        return {
+            "isolation": isolation.level,
+            "detail": isolation.detail,
+            "max_concurrent": max_concurrent,
+            "limits": {
+                "wall_s": limits.wall_s,
+                "memory_mb": limits.memory_mb,
+                "max_processes": limits.max_processes,
+                "max_output_bytes": limits.max_output_bytes,
+            },
+        }
 
     @app.post(RUN_CODE_PATH)
     async def run(request: Request) -> JSONResponse:
-        try:
-            job = FusionRequest.from_json(await request.json())
-        except FusionRequestError as exc:
-            return _refused(400, str(exc))
-        except RecursionError:  # json's reader gives up on a body nested ~1,000 levels deep
-            return _refused(400, "the body nests objects or lists too deeply to be read")
-        except ValueError:
-            return _refused(400, "the body is not JSON")
-        run_limits = replace(
-            limits,
-            wall_s=min(job.run_timeout or limits.wall_s, limits.wall_s),
-            memory_mb=min(job.memory_limit_mb or limits.memory_mb, limits.memory_mb),
-        )
-        async with slots:
-            result = await run_code(job.code, stdin=job.stdin, files=job.files, limits=run_limits, isolation=isolation)
-        return JSONResponse(fusion_response(result))
+        return await _run_code(request, limits, isolation, slots)
 
     return app
+
+
+async def _run_code(
+    request: Request, limits: SandboxLimits, isolation: Isolation, slots: asyncio.Semaphore
+) -> JSONResponse:
+    """``POST /run_code``: one program, its limits the request's own capped by the server's."""
+    try:
+        job = FusionRequest.from_json(await request.json())
+    except FusionRequestError as exc:
+        return _refused(400, str(exc))
+    except RecursionError:  # json's reader gives up on a body nested ~1,000 levels deep
+        return _refused(400, "the body nests objects or lists too deeply to be read")
+    except ValueError:
+        return _refused(400, "the body is not JSON")
+    run_limits = replace(
+        limits,
+        wall_s=min(job.run_timeout or limits.wall_s, limits.wall_s),
+        memory_mb=min(job.memory_limit_mb or limits.memory_mb, limits.memory_mb),
+    )
+    async with slots:
+        result = await run_code(job.code, stdin=job.stdin, files=job.files, limits=run_limits, isolation=isolation)
+    return JSONResponse(fusion_response(result))

@@ -5,7 +5,7 @@
 
 Endpoints: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``, the token-in/token-out
 ``/generate``, ``/update_weights_from_disk``, ``/health`` and ``/metrics``. The server is an HTTP
-face on the inference engine (:mod:`hybridflow.inference.engine`): concurrent requests share
+face on the inference engine (:mod:`hybridflow.inference.generation_engine`): concurrent requests share
 forward passes through its continuous batcher. See docs/server.md.
 
 Names are imported on first use: the HTTP layer needs the ``serve`` extra (FastAPI, uvicorn),
@@ -18,7 +18,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "ServerState": "hybridflow.server.app",
+    "ServerState": "hybridflow.server.state",
     "build_app": "hybridflow.server.app",
     "TextCodec": "hybridflow.server.text",
 }

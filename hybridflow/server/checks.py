@@ -60,8 +60,9 @@ def json_depth(value: Any, stop_at: int | None = None) -> int:
 def check_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
     """Raise ``ValueError`` when ``value`` nests deeper than ``limit`` levels."""
     if json_depth(value, stop_at=limit) > limit:
-        raise ValueError(f"the request nests objects or lists more than {limit} levels deep; this server "
-                         f"takes at most {limit}")
+        raise ValueError(
+            f"the request nests objects or lists more than {limit} levels deep; this server takes at most {limit}"
+        )
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,6 @@ class ServerLimits:
                 f"prompt is {count} tokens; this server takes prompts of at most {self.max_prompt_tokens} tokens",
                 param,
             )
-
 
     def check_request_tokens(self, max_new_tokens: list[int], n: int, param: str) -> None:
         """``max_new_tokens``: the limit of each prompt of the request; each runs ``n`` times."""

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 
@@ -38,45 +38,37 @@ from hybridflow.inference.weights import WeightsRejected
 from hybridflow.server.checks import BadRequest
 from hybridflow.server.errors import error_response
 from hybridflow.server.schemas import SleepRequest, WakeUpRequest
-
-from hybridflow.inference.engine import GenerationEngine
-
-if TYPE_CHECKING:
-    import torch
+from hybridflow.server.state import ServerState, WeightUpload
 
 UPDATE_WEIGHTS_PATH = "/update_weights"
 UPDATE_FROM_DISK_PATH = "/update_weights_from_disk"
 # The routes that need the control token (--control-token, or the one generated at start): they
 # stop generation or replace the served weights. /update_weights_from_disk (--weights-root) is
 # registered by the app but changes the weights just the same.
-CONTROL_PATHS = frozenset({"/abort_all", "/resume_generation", "/sleep", "/wake_up", UPDATE_WEIGHTS_PATH,
-                           "/clear_kv_cache", UPDATE_FROM_DISK_PATH})
-CONTROL_TOKEN_HINT = ("the control token hybridflow serve printed at start, or its --control-token / "
-                      "$HYBRIDFLOW_CONTROL_TOKEN / --api-key")
-
-
-@dataclass
-class WeightUpload:
-    """The buckets of one ``/update_weights`` push received so far (one push at a time)."""
-
-    update_id: str
-    version: int
-    next_bucket: int = 0
-    staged: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
-class ServerState(Protocol):
-    """What these routes read and write of :class:`hybridflow.server.app.ServerState`."""
-
-    engine: GenerationEngine
-    control_routes: bool
-    max_weight_bucket_bytes: int
-    weight_upload: WeightUpload | None
+CONTROL_PATHS = frozenset(
+    {
+        "/abort_all",
+        "/resume_generation",
+        "/sleep",
+        "/wake_up",
+        UPDATE_WEIGHTS_PATH,
+        "/clear_kv_cache",
+        UPDATE_FROM_DISK_PATH,
+    }
+)
+CONTROL_TOKEN_HINT = (
+    "the control token hybridflow serve printed at start, or its --control-token / "
+    "$HYBRIDFLOW_CONTROL_TOKEN / --api-key"
+)
 
 
 def _off() -> Any:
-    return error_response(403, "control routes are off: start the server with --control-routes to let a trainer "
-                          "abort, sleep, wake and push weights", None)
+    return error_response(
+        403,
+        "control routes are off: start the server with --control-routes to let a trainer "
+        "abort, sleep, wake and push weights",
+        None,
+    )
 
 
 async def _wait(future: Any) -> Any:
@@ -89,16 +81,22 @@ async def _receive_bucket(state: ServerState, request: Request) -> dict:
         update_id, bucket = query["update_id"], int(query["bucket"])
         final, version = query.get("final", "0") in ("1", "true"), int(query["version"])
     except (KeyError, ValueError) as err:
-        raise BadRequest("update_weights needs query parameters update_id, bucket (int), version (int) "
-                         "and final (0/1)", "update_id") from err
+        raise BadRequest(
+            "update_weights needs query parameters update_id, bucket (int), version (int) and final (0/1)", "update_id"
+        ) from err
     upload = state.weight_upload
     if bucket == 0:
         upload = state.weight_upload = WeightUpload(update_id, version)
     elif upload is None or upload.update_id != update_id or upload.next_bucket != bucket:
-        expected = "bucket 0 of a new update" if upload is None else f"bucket {upload.next_bucket} of {upload.update_id!r}"
+        expected = (
+            "bucket 0 of a new update" if upload is None else f"bucket {upload.next_bucket} of {upload.update_id!r}"
+        )
         state.weight_upload = None
-        raise BadRequest(f"got bucket {bucket} of update {update_id!r}, expected {expected}; the update is dropped "
-                         "and the served weights are unchanged", "bucket")
+        raise BadRequest(
+            f"got bucket {bucket} of update {update_id!r}, expected {expected}; the update is dropped "
+            "and the served weights are unchanged",
+            "bucket",
+        )
     body = await request.body()
     try:
         tensors = await asyncio.to_thread(bucket_from_bytes, body)
@@ -118,9 +116,8 @@ async def _receive_bucket(state: ServerState, request: Request) -> dict:
     return {"success": True, "num_tensors": copied, "weight_version": state.engine.weight_version}
 
 
-def add_control_routes(app: FastAPI, state: ServerState) -> None:
-    """Register the routes of the table above on ``app``; each answers 403 while they are off."""
-    engine = state.engine
+def _control_decorator(app: FastAPI, state: ServerState) -> Callable[[str], Any]:
+    """``@control(path)``: register a POST handler that answers 403 while the control routes are off."""
 
     def control(path: str) -> Any:
         def register(handler: Any) -> Any:
@@ -133,6 +130,23 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
 
         return register
 
+    return control
+
+
+async def _sleep_level(change: Callable[[], Any], param: str) -> dict:
+    """Await a sleep / wake-up call; a bad level or tag is the client's mistake (400 on ``param``)."""
+    try:
+        level = await _wait(change())
+    except ValueError as err:
+        raise BadRequest(str(err), param) from err
+    return {"success": True, "sleep_level": level}
+
+
+def add_control_routes(app: FastAPI, state: ServerState) -> None:
+    """Register the routes of the table above on ``app``; each answers 403 while they are off."""
+    engine = state.engine
+    control = _control_decorator(app, state)
+
     @control("/abort_all")
     async def abort_all() -> Any:
         return {"aborted": await _wait(engine.abort_all())}
@@ -144,19 +158,11 @@ def add_control_routes(app: FastAPI, state: ServerState) -> None:
 
     @control("/sleep")
     async def sleep(body: SleepRequest) -> Any:
-        try:
-            level = await _wait(engine.sleep(check_sleep_level(body.level)))
-        except ValueError as err:
-            raise BadRequest(str(err), "level") from err
-        return {"success": True, "sleep_level": level}
+        return await _sleep_level(lambda: engine.sleep(check_sleep_level(body.level)), "level")
 
     @control("/wake_up")
     async def wake_up(body: WakeUpRequest) -> Any:
-        try:
-            level = await _wait(engine.wake_up(check_wake_tags(body.tags)))
-        except ValueError as err:
-            raise BadRequest(str(err), "tags") from err
-        return {"success": True, "sleep_level": level}
+        return await _sleep_level(lambda: engine.wake_up(check_wake_tags(body.tags)), "tags")
 
     @control(UPDATE_WEIGHTS_PATH)
     async def update_weights(request: Request) -> Any:

@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from hybridflow.inference.engine import ShuttingDown
+from hybridflow.inference.engine_queue import ShuttingDown
 from hybridflow.inference.sampling import NonFiniteLogitsError
 from hybridflow.server.checks import BadRequest, OverBudget
 from hybridflow.server.security import BodyTooLarge
@@ -48,7 +48,9 @@ def internal_error(err: BaseException, what: str) -> JSONResponse:
     ref = uuid.uuid4().hex[:12]
     trace = "".join(traceback.format_exception(err, limit=-MAX_TRACEBACK_FRAMES)).rstrip()
     logger.error("%s [error id %s]: %s: %s\n%s", what, ref, type(err).__name__, err, trace)
-    return error_response(500, f"{what} (internal error, id {ref}; the server log has the details)", kind="server_error")
+    return error_response(
+        500, f"{what} (internal error, id {ref}; the server log has the details)", kind="server_error"
+    )
 
 
 def validation_message(err: RequestValidationError) -> tuple[str, str | None]:

@@ -9,13 +9,24 @@ from hybridflow.utils.child_service import ChildService
 
 
 class LocalServer(ChildService):
-    """``python -m hybridflow.server.main --model MODEL`` on 127.0.0.1, ready when ``/health`` answers."""
+    """``python -m hybridflow.entrypoints.serve --model MODEL`` on 127.0.0.1, ready when ``/health`` answers."""
 
-    def __init__(self, model: str, *, dtype: str = "auto", trust_remote_code: bool = False,
-                 start_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, model: str, *, dtype: str = "auto", trust_remote_code: bool = False, start_timeout_s: float = 300.0
+    ) -> None:
         def command(port: int) -> list[str]:
-            return ([sys.executable, "-m", "hybridflow.server.main", "--model", model, "--host", "127.0.0.1",
-                     "--port", str(port), "--dtype", dtype]
-                    + (["--trust-remote-code"] if trust_remote_code else []))
+            return [
+                sys.executable,
+                "-m",
+                "hybridflow.entrypoints.serve",
+                "--model",
+                model,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--dtype",
+                dtype,
+            ] + (["--trust-remote-code"] if trust_remote_code else [])
 
         super().__init__(command, f"the judge server ({model})", start_timeout_s=start_timeout_s)

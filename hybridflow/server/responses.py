@@ -7,15 +7,22 @@ Text is the response decoded without special tokens, cut before the earliest sto
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from hybridflow.agent.parsers import ToolParser
-from hybridflow.inference.continuous import FINISH_STOP, SampleOutput
+from hybridflow.inference.batcher_types import FINISH_STOP, SampleOutput
 from hybridflow.server.text import TextCodec, truncate_at_stop
 from hybridflow.server.tools import split_reply
 
 FINISH_TOOL_CALLS = "tool_calls"
+
+
+def reply_head(id_prefix: str, object_name: str, model: str) -> dict[str, Any]:
+    """The fields an OpenAI reply or stream chunk starts with: a fresh id, object, created, model."""
+    return {"id": f"{id_prefix}-{uuid.uuid4().hex}", "object": object_name, "created": int(time.time()), "model": model}
 
 
 def text_and_reason(codec: TextCodec, out: SampleOutput, stops: Sequence[str]) -> tuple[str, str]:
@@ -65,7 +72,11 @@ def chat_message(text: str, reason: str, tool_parser: ToolParser | None) -> tupl
 
 
 def chat_choice(
-    codec: TextCodec, out: SampleOutput, index: int, stops: Sequence[str], logprobs: bool,
+    codec: TextCodec,
+    out: SampleOutput,
+    index: int,
+    stops: Sequence[str],
+    logprobs: bool,
     tool_parser: ToolParser | None = None,
 ) -> dict[str, Any]:
     """A ``chat.completion`` choice; ``logprobs`` adds ``{"content": [{token, logprob, bytes, top_logprobs}]}``;
@@ -98,8 +109,11 @@ def generate_output(prompt_index: int, out: SampleOutput) -> dict[str, Any]:
         "finish_reason": out.finish_reason,
         "weight_version": out.weight_version,
         **({"prompt_logprobs": list(out.prompt_logprobs)} if out.prompt_logprobs is not None else {}),
-        **({"prompt_top_logprobs": [[[i, lp] for i, lp in top] for top in out.prompt_top_logprobs]}
-           if out.prompt_top_logprobs is not None else {}),
+        **(
+            {"prompt_top_logprobs": [[[i, lp] for i, lp in top] for top in out.prompt_top_logprobs]}
+            if out.prompt_top_logprobs is not None
+            else {}
+        ),
     }
 
 
@@ -107,5 +121,8 @@ def usage(prompts: Sequence[Sequence[int]], results: Sequence[Sequence[SampleOut
     """OpenAI usage: prompt tokens counted once per prompt, completion tokens over all responses."""
     prompt_tokens = sum(len(p) for p in prompts)
     completion_tokens = sum(len(out.token_ids) for outputs in results for out in outputs)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }

@@ -66,14 +66,14 @@ class OpenAISampling(_Body):
     """Sampling fields shared by the two OpenAI endpoints."""
 
     model: str
-    temperature: float = Field(1.0, ge=0, le=MAX_TEMPERATURE, description="0 = greedy")
-    top_p: float = Field(1.0, ge=MIN_TOP_P, le=1)
-    top_k: int = Field(-1, ge=-1, le=TOP_K_MAX, description="extension; -1 or 0 = off")
-    n: int = Field(1, ge=1)
-    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(default=1.0, ge=0, le=MAX_TEMPERATURE, description="0 = greedy")
+    top_p: float = Field(default=1.0, ge=MIN_TOP_P, le=1)
+    top_k: int = Field(default=-1, ge=-1, le=TOP_K_MAX, description="extension; -1 or 0 = off")
+    n: int = Field(default=1, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
-    ignore_eos: bool = Field(False, description="extension: keep generating past the end-of-sequence token")
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
+    ignore_eos: bool = Field(default=False, description="extension: keep generating past the end-of-sequence token")
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float = 0.0
@@ -105,8 +105,8 @@ class CompletionRequest(OpenAISampling):
     """``POST /v1/completions``: a text prompt (or several, or token ids) to continue."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    max_tokens: int | None = Field(default=16, ge=1)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
@@ -162,12 +162,12 @@ class ChatCompletionRequest(OpenAISampling):
     """``POST /v1/chat/completions``: messages rendered with the tokenizer's chat template."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = Field(None, description="'auto' (default) or 'none'")
+    tool_choice: str | dict[str, Any] | None = Field(default=None, description="'auto' (default) or 'none'")
 
     @model_validator(mode="after")
     def _check_chat_fields(self) -> ChatCompletionRequest:
@@ -186,14 +186,14 @@ class ChatCompletionRequest(OpenAISampling):
 class GenerateSamplingParams(_Body):
     """``sampling_params`` of ``POST /generate`` (the sampler's own names)."""
 
-    max_new_tokens: int = Field(16, ge=0)  # 0: score the prompt only (needs prompt_logprobs)
-    temperature: float = Field(1.0, ge=0, le=MAX_TEMPERATURE)
-    top_p: float = Field(1.0, ge=MIN_TOP_P, le=1)
-    top_k: int = Field(-1, ge=-1, le=TOP_K_MAX)
-    n: int = Field(1, ge=1)
+    max_new_tokens: int = Field(default=16, ge=0)  # 0: score the prompt only (needs prompt_logprobs)
+    temperature: float = Field(default=1.0, ge=0, le=MAX_TEMPERATURE)
+    top_p: float = Field(default=1.0, ge=MIN_TOP_P, le=1)
+    top_k: int = Field(default=-1, ge=-1, le=TOP_K_MAX)
+    n: int = Field(default=1, ge=1)
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
-    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
 
     _temperature_range = field_validator("temperature")(_check_temperature)
 
@@ -203,27 +203,27 @@ class GenerateRequest(_Body):
 
     input_ids: list[int] | list[list[int]] = Field(min_length=1)
     sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
-    top_logprobs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)
     # Not None: also the log-prob of each prompt token (after the first), and the k best when > 0.
-    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
     def prompts(self) -> list[list[int]]:
         if isinstance(self.input_ids[0], list):
-            return [list(p) for p in self.input_ids]  # type: ignore[arg-type]
-        return [list(self.input_ids)]  # type: ignore[arg-type]
+            return [list(p) for p in self.input_ids]
+        return [list(self.input_ids)]
 
 
 class UpdateWeightsRequest(_Body):
     """``POST /update_weights_from_disk``: reload the weights from a Hugging Face folder."""
 
     model_path: str = Field(min_length=1)
-    version: int | None = Field(None, ge=0)  # the weight_version to report afterwards (default: + 1)
+    version: int | None = Field(default=None, ge=0)  # the weight_version to report afterwards (default: + 1)
 
 
 class SleepRequest(_Body):
     """``POST /sleep``: free the KV cache (level 1) and the weights too (level 2)."""
 
-    level: int = Field(1, ge=1, le=2)
+    level: int = Field(default=1, ge=1, le=2)
 
 
 class WakeUpRequest(_Body):

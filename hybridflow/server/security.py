@@ -5,7 +5,7 @@ The mechanism lives in :mod:`hybridflow.utils.http_guard` (``hybridflow sandbox`
 one); this module names it for the server. What the server adds is which routes need the
 control token (:data:`CONTROL_PATHS`, see :mod:`hybridflow.server.control`) and where that
 token comes from (``--control-token``, ``$HYBRIDFLOW_CONTROL_TOKEN``, ``--api-key``, or one
-generated and printed at start; ``hybridflow/server/main.py``).
+generated and printed at start; ``hybridflow/entrypoints/serve.py``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``stream=true``: tokens from the engine thread to Server-Sent Events, text decoded as it grows.
 
-Each :class:`~hybridflow.inference.continuous.GenRequest` gets an ``on_token`` callback that
+Each :class:`~hybridflow.inference.batcher_types.GenRequest` gets an ``on_token`` callback that
 hands ``(request, row, token)`` to the event loop; the request's future, once done, is handed
 over the same way, after its last token. :class:`IncrementalText` turns one response's tokens
 into text deltas: only text that cannot change is released — not a partial multi-byte
@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from hybridflow.inference.continuous import GenRequest
+from hybridflow.inference.batcher_types import GenRequest
 from hybridflow.server.text import TextCodec, truncate_at_stop
 
 logger = logging.getLogger("hybridflow.server")
@@ -103,6 +103,13 @@ def sse(payload: dict[str, Any] | str) -> str:
     """One Server-Sent Event: ``data: <json>`` and a blank line."""
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
     return f"data: {data}\n\n"
+
+
+def stream_chunk(head: dict[str, Any], choice: dict[str, Any], include_usage: bool) -> str:
+    """One chunk event of a streamed reply: ``head`` with one choice (and ``"usage": null`` when
+    the client asked for usage, which then comes in a last chunk of its own)."""
+    extra = {"usage": None} if include_usage else {}
+    return sse({**head, "choices": [choice], **extra})
 
 
 async def events(first: tuple, queue: asyncio.Queue, count: int) -> AsyncIterator[tuple]:

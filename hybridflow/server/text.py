@@ -15,7 +15,7 @@ from typing import Any
 
 from jinja2 import TemplateError, UndefinedError
 
-from hybridflow.inference.continuous import StopCheck
+from hybridflow.inference.batcher_types import StopCheck
 
 
 class TextCodec:
@@ -54,13 +54,15 @@ class TextCodec:
                     messages, add_generation_prompt=True, tokenize=False, **(template_kwargs or {})
                 )
             except UndefinedError as err:  # e.g. "'dict object' has no attribute 'content'"
-                raise ValueError(f"the chat template needs {_missing_name(err)}, which these messages do not "
-                                 "give") from err
+                raise ValueError(
+                    f"the chat template needs {_missing_name(err)}, which these messages do not give"
+                ) from err
             except TemplateError as err:  # e.g. the template's raise_exception("roles must alternate")
                 raise ValueError(str(err)) from err
             except (TypeError, KeyError, AttributeError, IndexError) as err:  # a value of a shape it does not expect
-                raise ValueError("the chat template cannot render these messages (a field has a type or shape "
-                                 "it does not expect)") from err
+                raise ValueError(
+                    "the chat template cannot render these messages (a field has a type or shape it does not expect)"
+                ) from err
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:

@@ -30,9 +30,12 @@ def check_tools(tools: Sequence[dict[str, Any]] | None, tool_choice: Any) -> Non
     """400 for a tool list that is not OpenAI function tools, or a ``tool_choice`` we cannot honour."""
     for i, tool in enumerate(tools or ()):
         function = tool.get("function")
-        if tool.get("type") != "function" or not isinstance(function, dict) or not isinstance(
-            function.get("name"), str
-        ) or not function["name"]:
+        if (
+            tool.get("type") != "function"
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or not function["name"]
+        ):
             raise BadRequest(
                 f"tools.{i}: expected {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}",
                 f"tools.{i}",
@@ -72,8 +75,11 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for j, call in enumerate(calls):
             function = call.get("function") if isinstance(call, dict) else None
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-                raise BadRequest(f"messages.{i}.tool_calls.{j}: expected {{'id': ..., 'type': 'function', "
-                                 "'function': {'name': ..., 'arguments': '<JSON>'}}", f"messages.{i}")
+                raise BadRequest(
+                    f"messages.{i}.tool_calls.{j}: expected {{'id': ..., 'type': 'function', "
+                    "'function': {'name': ..., 'arguments': '<JSON>'}}",
+                    f"messages.{i}",
+                )
             fixed.append({**call, "function": {**function, "arguments": _arguments(function.get("arguments", {}))}})
         out.append({**message, "tool_calls": fixed})
     return out
@@ -104,11 +110,16 @@ def openai_tool_calls(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
     """Parsed calls in OpenAI's shape; ``arguments`` is a JSON string."""
     out = []
     for call in calls:
-        arguments = call.arguments if isinstance(call.arguments, str) else json.dumps(
-            dict(call.arguments), ensure_ascii=False
+        arguments = (
+            call.arguments if isinstance(call.arguments, str) else json.dumps(dict(call.arguments), ensure_ascii=False)
         )
-        out.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                    "function": {"name": call.name, "arguments": arguments}})
+        out.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": call.name, "arguments": arguments},
+            }
+        )
     return out
 
 

@@ -71,6 +71,22 @@ def check_tool_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def one_string_param_schema(name: str, description: str, param: str, param_description: str) -> dict[str, Any]:
+    """The OpenAI function schema of a tool ``name(param)`` whose one, required parameter is a string."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {param: {"type": "string", "description": param_description}},
+                "required": [param],
+            },
+        },
+    }
+
+
 class BaseTool(ABC):
     """A callable capability with an OpenAI function schema and per-trajectory instances.
 
@@ -111,9 +127,7 @@ class BaseTool(ABC):
 
 # ---- @function_tool ----------------------------------------------------------------------------
 
-_SECTION = re.compile(
-    r"^\s*(Args|Arguments|Parameters|Params|Returns|Return|Raises|Yields|Examples?|Notes?)\s*:\s*$"
-)
+_SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Params|Returns|Return|Raises|Yields|Examples?|Notes?)\s*:\s*$")
 _ARG_LINE = re.compile(r"^\s*\*{0,2}(\w+)\s*(?:\(([^)]*)\))?\s*:\s*(.*)$")
 _SPHINX_PARAM = re.compile(r"^\s*:param\s+(?:[\w\[\], |]+\s+)?(\w+)\s*:\s*(.*)$")
 
@@ -194,7 +208,7 @@ def json_schema_for(annotation: Any, where: str) -> dict[str, Any]:
             return {"type": "array", "items": json_schema_for(args[0], where)}
         return {"type": "array", "prefixItems": [json_schema_for(a, where) for a in args]}
     if annotation is dict or origin in (dict, Mapping, typing.Mapping):
-        schema = {"type": "object"}
+        schema: dict[str, Any] = {"type": "object"}
         if len(args) == 2 and args[1] is not Any:
             schema["additionalProperties"] = json_schema_for(args[1], where)
         return schema

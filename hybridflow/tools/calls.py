@@ -115,7 +115,8 @@ class ToolSession:
             _warned_unknown_kwargs.update(new)
             logger.warning(
                 "tools_kwargs names tool(s) %s that are not configured (configured: %s); their settings are ignored",
-                ", ".join(new), ", ".join(sorted(self.tools)) or "none",
+                ", ".join(new),
+                ", ".join(sorted(self.tools)) or "none",
             )
 
     async def call(self, name: str, arguments: str | Mapping[str, Any]) -> ToolCallResult:
@@ -126,18 +127,18 @@ class ToolSession:
             return _error(f"unknown tool {name!r}; available tools: {available}")
         parameters, problem = _parse_arguments(arguments)
         if parameters is None:
-            return _error(f"the arguments of {name!r} {problem}; pass a JSON object such as {{\"x\": 1}}")
+            return _error(f'the arguments of {name!r} {problem}; pass a JSON object such as {{"x": 1}}')
         try:
             instance_id = await self._instance(tool)
         except ToolTimeout:
             return _error(f"tool {name!r} could not start within {self.timeout_s:g} s")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of the tool's code is the model's error text
             return _error(f"tool {name!r} could not start: {_describe(exc)}")
         try:
             outcome = await run_on_tool_loop(partial(tool.execute, instance_id, parameters), self.timeout_s)
         except ToolTimeout:
             return _error(f"tool {name!r} did not finish within {self.timeout_s:g} s")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of the tool's code is the model's error text
             return _error(f"tool {name!r} failed: {_describe(exc)}")
         try:
             text, reward, metrics = outcome
@@ -170,7 +171,7 @@ class ToolSession:
             tool = self.tools[name]
             try:
                 await run_on_tool_loop(partial(tool.release, instance_id), self.timeout_s)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - logged, and the other instances still released
                 logger.warning("releasing tool %r instance %s failed: %s", name, instance_id, _describe(exc))
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from hybridflow.sandbox.client import LocalSandbox
 from hybridflow.sandbox.executor import FINISHED, RunResult
 from hybridflow.sandbox.limits import SandboxLimits
-from hybridflow.tools.base import BaseTool, ToolOutput
+from hybridflow.tools.base import BaseTool, ToolOutput, one_string_param_schema
 from hybridflow.utils.booleans import parse_bool
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -45,8 +45,15 @@ class PythonTool(BaseTool):
     (default false).
     """
 
-    KEYS = ("type", "timeout_s", "memory_limit_mb", "max_output_bytes", "max_processes", "max_concurrent",
-            "allow_weak_isolation")
+    KEYS = (
+        "type",
+        "timeout_s",
+        "memory_limit_mb",
+        "max_output_bytes",
+        "max_processes",
+        "max_concurrent",
+        "allow_weak_isolation",
+    )
 
     def __init__(self, config: dict[str, Any] | None = None, tool_schema: dict[str, Any] | None = None) -> None:
         super().__init__(config, tool_schema)
@@ -60,26 +67,19 @@ class PythonTool(BaseTool):
             max_processes=int(self.config.get("max_processes", DEFAULT_MAX_PROCESSES)),
         )
         self.sandbox = LocalSandbox(
-            limits, max_concurrent=int(self.config.get("max_concurrent", 4)),
+            limits,
+            max_concurrent=int(self.config.get("max_concurrent", 4)),
             allow_weak_isolation=parse_bool(self.config.get("allow_weak_isolation", False), "allow_weak_isolation"),
             what="the python tool",
         )
 
     def default_schema(self) -> dict[str, Any]:
-        return {
-            "type": "function",
-            "function": {
-                "name": "python",
-                "description": "Run a Python 3 program and return what it prints (stdout and stderr).",
-                "parameters": {
-                    "type": "object",
-                    "properties": {
-                        "code": {"type": "string", "description": "the program; use print() to show results"}
-                    },
-                    "required": ["code"],
-                },
-            },
-        }
+        return one_string_param_schema(
+            "python",
+            "Run a Python 3 program and return what it prints (stdout and stderr).",
+            "code",
+            "the program; use print() to show results",
+        )
 
     async def execute(self, instance_id: str, parameters: dict[str, Any]) -> ToolOutput:
         code = parameters.get("code")

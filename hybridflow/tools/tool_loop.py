@@ -101,7 +101,12 @@ class ToolLoop:
                 return
             task = self.loop.create_task(call(), context=context)
             task.add_done_callback(lambda done: self._settle(done, result, ended))
-            result.add_done_callback(lambda f: f.cancelled() and self._cancel_soon(task))
+
+            def cancel_task(f: concurrent.futures.Future[T]) -> None:
+                if f.cancelled():
+                    self._cancel_soon(task)
+
+            result.add_done_callback(cancel_task)
 
         try:
             self.loop.call_soon_threadsafe(start)
@@ -197,7 +202,7 @@ async def run_on_tool_loop(make: Callable[[], Awaitable[T]], timeout_s: float | 
             raise  # the tool's own TimeoutError, not the call's timeout
         future.cancel()
         deadline = time.monotonic() + CANCEL_GRACE_S
-        while not ended.is_set() and time.monotonic() < deadline:
+        while not ended.is_set() and time.monotonic() < deadline:  # noqa: ASYNC110 - a threading.Event, set on the tool loop's thread
             await asyncio.sleep(_POLL_S)
         if not ended.is_set():
             _replace(tool_loop)

@@ -32,14 +32,15 @@ import random
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from hybridflow.engine.checkpoint import file_sha256, fsync_dir, fsync_tree
+from hybridflow.engine.checkpoint import atomic_write_text, file_sha256, fsync_dir, fsync_tree
 from hybridflow.utils.errors import InputError
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
@@ -165,10 +166,7 @@ def verify_checkpoint(path: Path, part: str | None = None) -> bool:
     before checksums were recorded (sizes only).
     """
     manifest_file = path / MANIFEST_FILE
-    if not manifest_file.is_file():
-        if (path / LEGACY_CONTROLLER_STATE).is_file():
-            raise LegacyCheckpointError(legacy_message(path))
-        raise CheckpointError(f"{path} is not a complete checkpoint: {MANIFEST_FILE} is missing")
+    _require_file(path, manifest_file, f"{path} is not a complete checkpoint: {MANIFEST_FILE} is missing")
     try:
         manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
         files = manifest["files"]
@@ -201,8 +199,10 @@ def verify_checkpoint(path: Path, part: str | None = None) -> bool:
 
 def unverified_note(path: Path) -> str:
     """The note for a checkpoint whose manifest predates checksums."""
-    return (f"note: {path} was saved by an older hybridflow without checksums; its files were checked by "
-            "size only (content damage of the same size would go unnoticed)")
+    return (
+        f"note: {path} was saved by an older hybridflow without checksums; its files were checked by "
+        "size only (content damage of the same size would go unnoticed)"
+    )
 
 
 def checkpoint_of(folder: Path) -> tuple[Path, str] | None:
@@ -214,6 +214,16 @@ def checkpoint_of(folder: Path) -> tuple[Path, str] | None:
     if STEP_DIR.match(folder.parent.name):
         return folder.parent, folder.name
     return None
+
+
+def _require_file(path: Path, file: Path, missing: str) -> None:
+    """Raise when ``file`` of checkpoint folder ``path`` is absent: :class:`LegacyCheckpointError`
+    when ``path`` is a checkpoint of the pickle format, else :class:`CheckpointError` (``missing``)."""
+    if file.is_file():
+        return
+    if (path / LEGACY_CONTROLLER_STATE).is_file():
+        raise LegacyCheckpointError(legacy_message(path))
+    raise CheckpointError(missing)
 
 
 def legacy_message(path: Path) -> str:
@@ -264,8 +274,10 @@ def find_resume_checkpoint(
             problems.append(f"step {step}: {err}")
             continue
         if problems:
-            print(f"resume: skipping damaged checkpoint(s): {'; '.join(problems)}. "
-                  f"Resuming from {path}, the newest complete one")
+            print(
+                f"resume: skipping damaged checkpoint(s): {'; '.join(problems)}. "
+                f"Resuming from {path}, the newest complete one"
+            )
         if not verified:
             print(f"resume: {unverified_note(path)}")
         return path
@@ -291,8 +303,13 @@ def rng_state() -> dict[str, Any]:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     return {
         "python": {"version": version, "state": list(internal), "gauss_next": gauss},
-        "numpy": {"kind": kind, "keys": [int(k) for k in keys], "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "numpy": {
+            "kind": kind,
+            "keys": [int(k) for k in keys],
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "torch": bytes(torch.get_rng_state().tolist()).hex(),
     }
 
@@ -319,10 +336,7 @@ def save_controller_state(path: Path, state: dict[str, Any]) -> None:
 def load_controller_state(path: Path, required: tuple[str, ...] = ("global_steps",)) -> dict[str, Any]:
     """The controller state of checkpoint folder ``path``; every ``required`` key must be there."""
     file = path / CONTROLLER_STATE
-    if not file.is_file():
-        if (path / LEGACY_CONTROLLER_STATE).is_file():
-            raise LegacyCheckpointError(legacy_message(path))
-        raise CheckpointError(f"{file} is missing")
+    _require_file(path, file, f"{file} is missing")
     try:
         state = json.loads(file.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as err:  # damaged, truncated, or not JSON at all
@@ -344,15 +358,3 @@ def restore_entry(checkpoint: Path, state: dict[str, Any], key: str, load: Calla
         load(state[key])
     except (KeyError, ValueError, TypeError, IndexError) as err:
         raise CheckpointError(f"{checkpoint / CONTROLLER_STATE}: entry {key!r} cannot be restored: {err}") from err
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file, fsync it, rename it over ``path``, fsync the folder."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-

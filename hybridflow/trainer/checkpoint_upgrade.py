@@ -65,10 +65,18 @@ def convert_rng(file: Path, rng: Any) -> dict[str, Any]:
         if not isinstance(torch_state, torch.Tensor) or torch_state.dtype != torch.uint8:
             raise ValueError("the torch RNG state is not a uint8 tensor")
         return {
-            "python": {"version": int(version), "state": [int(x) for x in internal],
-                       "gauss_next": None if gauss is None else float(gauss)},
-            "numpy": {"kind": str(kind), "keys": [int(k) for k in keys], "pos": int(pos),
-                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            "python": {
+                "version": int(version),
+                "state": [int(x) for x in internal],
+                "gauss_next": None if gauss is None else float(gauss),
+            },
+            "numpy": {
+                "kind": str(kind),
+                "keys": [int(k) for k in keys],
+                "pos": int(pos),
+                "has_gauss": int(has_gauss),
+                "cached_gaussian": float(cached),
+            },
             "torch": bytes(torch_state.tolist()).hex(),
         }
     except (KeyError, TypeError, ValueError) as err:
@@ -99,7 +107,8 @@ def legacy_checkpoints(path: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m hybridflow.trainer.checkpoint_upgrade", description=__doc__,
+        prog="python -m hybridflow.trainer.checkpoint_upgrade",
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("path", type=Path, help="run folder or global_step_N folder")

@@ -12,8 +12,9 @@ from hybridflow.protocol import DataProto
 def distill_advantages(batch: DataProto, dist: DistillationConfig) -> dict[str, float]:
     """In place: ``advantages`` ← w·A (as a loss term), or w·A − c·D(ℓ_old, ℓ_teacher) per token
     (``use_policy_gradient``). Returns ``distill/token_reward_mean`` when folded."""
-    td, loss = batch.batch, dist.distillation_loss
-    weight = float(dist.reward_weight)  # resolved at load: never null here
+    td, loss = batch.require_batch(), dist.distillation_loss
+    assert dist.reward_weight is not None  # resolved at load (resolve_distillation): never null here
+    weight = float(dist.reward_weight)
     if not loss.use_policy_gradient:
         if weight != 1.0:
             td[F.ADVANTAGES] = td[F.ADVANTAGES] * weight
@@ -21,8 +22,15 @@ def distill_advantages(batch: DataProto, dist: DistillationConfig) -> dict[str, 
     mask = td[F.RESPONSE_MASK]
     task = td[F.ADVANTAGES]
     folded = fold_distillation_advantage(
-        task, td[F.OLD_LOG_PROBS], td[F.TEACHER_LOG_PROB], mask, loss.loss_mode, weight,
-        loss.distillation_loss_coef, loss.log_prob_min_clamp, loss.loss_max_clamp,
+        task,
+        td[F.OLD_LOG_PROBS],
+        td[F.TEACHER_LOG_PROB],
+        mask,
+        loss.loss_mode,
+        weight,
+        loss.distillation_loss_coef,
+        loss.log_prob_min_clamp,
+        loss.loss_max_clamp,
     )
     td[F.ADVANTAGES] = folded
     tokens = mask.bool()

@@ -20,13 +20,17 @@ from hybridflow import fields as F
 from hybridflow.protocol import DataProto
 
 
-def decode_rows(tokenizer: Any, batch: DataProto, rows: range | list[int], skip_special: bool = True) -> list[tuple[str, str]]:
+def decode_rows(
+    tokenizer: Any, batch: DataProto, rows: range | list[int], skip_special: bool = True
+) -> list[tuple[str, str]]:
     """``(prompt, response)`` texts of ``rows``."""
-    td = batch.batch
+    td = batch.require_batch()
     width = td[F.PROMPTS].shape[1]
     out = []
     for i in rows:
-        prompt = tokenizer.decode(td[F.PROMPTS][i][td[F.ATTENTION_MASK][i, :width].bool()], skip_special_tokens=skip_special)
+        prompt = tokenizer.decode(
+            td[F.PROMPTS][i][td[F.ATTENTION_MASK][i, :width].bool()], skip_special_tokens=skip_special
+        )
         response = tokenizer.decode(td[F.RESPONSES][i][td[F.RESPONSE_MASK][i].bool()], skip_special_tokens=skip_special)
         out.append((prompt, response))
     return out
@@ -47,11 +51,13 @@ def _plain(value: Any) -> Any:
 
 def dump_rollouts(out_dir: str | Path, step: int, tokenizer: Any, batch: DataProto) -> Path:
     """``trainer.rollout_data_dir``: one row per training response of this step."""
-    scores = batch.batch[F.TOKEN_LEVEL_SCORES].sum(-1).tolist()
+    scores = batch.require_batch()[F.TOKEN_LEVEL_SCORES].sum(-1).tolist()
     texts = decode_rows(tokenizer, batch, range(len(batch)), skip_special=False)
     uids = batch.non_tensor_batch[F.UID]
-    rows = [{"step": step, "uid": str(uids[i]), "prompt": p, "response": r, "score": scores[i]}
-            for i, (p, r) in enumerate(texts)]
+    rows = [
+        {"step": step, "uid": str(uids[i]), "prompt": p, "response": r, "score": scores[i]}
+        for i, (p, r) in enumerate(texts)
+    ]
     return write_jsonl(Path(out_dir) / f"{step}.jsonl", rows)
 
 

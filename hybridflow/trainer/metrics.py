@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from hybridflow import fields as F
 from hybridflow.protocol import DataProto
-from hybridflow.workers.reward import RULE_SCORE
+from hybridflow.reward import RULE_SCORE
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -29,7 +30,7 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
 
 def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]:
     """Scores, rewards, advantages, returns, values and lengths of one training batch."""
-    td = batch.batch
+    td = batch.require_batch()
     mask = td[F.RESPONSE_MASK].bool()
     prompt_len = td[F.ATTENTION_MASK][:, : td[F.PROMPTS].shape[-1]].sum(-1).float()
     response_len = mask.sum(-1).float()
@@ -53,7 +54,7 @@ def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]
 
 
 def compute_throughput_metrics(batch: DataProto, step_time_s: float, num_workers: int = 1) -> dict[str, float]:
-    total_tokens = int(batch.batch[F.ATTENTION_MASK].sum().item())
+    total_tokens = int(batch.require_batch()[F.ATTENTION_MASK].sum().item())
     return {
         "perf/total_num_tokens": float(total_tokens),
         "perf/time_per_step": step_time_s,
@@ -79,16 +80,21 @@ class Timer:
         return {f"timing_s/{k}": v for k, v in self.timings.items()}
 
 
-def reduce_metrics(metrics: dict[str, Sequence[float] | float]) -> dict[str, float]:
+def reduce_metrics(metrics: Mapping[str, Sequence[float] | float]) -> dict[str, float]:
     """Mean of each list-valued metric (workers return per-micro-batch lists)."""
     out = {}
     for key, value in metrics.items():
         if isinstance(value, (list, tuple, np.ndarray)):
-            arr = [float(v.item() if hasattr(v, "item") else v) for v in value]
+            arr = [_as_float(v) for v in value]
             out[key] = float(np.mean(arr)) if arr else float("nan")
         else:
-            out[key] = float(value.item() if hasattr(value, "item") else value)
+            out[key] = _as_float(value)
     return out
+
+
+def _as_float(value: Any) -> float:
+    """A number, or a tensor / numpy scalar of one element (read with ``.item()``), as a float."""
+    return float(value.item() if hasattr(value, "item") else value)
 
 
 @dataclass(frozen=True)
@@ -157,17 +163,16 @@ def validation_metrics(
 
 
 def validation_extra_metrics(
-    data_sources: Sequence[str], prompt_ids: Sequence[object], extra: dict[str, Sequence[object]]
+    data_sources: Sequence[str], prompt_ids: Sequence[object], extra: Mapping[str, Sequence[object]]
 ) -> dict[str, float]:
     """``val-aux/{source}/{key}/mean@N`` for every numeric column the scorer returned besides the
     score (``acc``, ``formatted``, ``passed``, ``reward_error``, ...): the mean over prompts of
     the per-prompt mean, as for the reward. Columns with any non-number (``pred``) are skipped."""
     metrics: dict[str, float] = {}
     for key, values in extra.items():
-        if len(values) != len(data_sources) or not all(
-            isinstance(v, (int, float, np.integer, np.floating)) for v in values  # bools count as 0 / 1
-        ):
+        numbers = [v for v in values if isinstance(v, (int, float, np.integer, np.floating))]  # bools count as 0 / 1
+        if len(values) != len(data_sources) or len(numbers) != len(values):
             continue
-        for source, stats in prompt_stats(data_sources, prompt_ids, [float(v) for v in values]).items():
+        for source, stats in prompt_stats(data_sources, prompt_ids, [float(v) for v in numbers]).items():
             metrics[f"val-aux/{source}/{key}/mean@{stats.n}"] = float(np.mean(stats.mean))
     return metrics

@@ -23,6 +23,6 @@ def pf_ppo_resample(batch: DataProto, cfg: PFPPOConfig, seed: int, step: int) ->
     state = np.random.SeedSequence([seed, step, 0x9F]).generate_state(1)[0]
     generator = torch.Generator().manual_seed(int(state))
     indices = compute_pf_ppo_reweight_indices(
-        batch.batch[F.TOKEN_LEVEL_SCORES], cfg.reweight_method, cfg.weight_pow, generator=generator
+        batch.require_batch()[F.TOKEN_LEVEL_SCORES], cfg.reweight_method, cfg.weight_pow, generator=generator
     )
     return batch.select_idxs(indices.numpy())

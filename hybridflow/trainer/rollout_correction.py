@@ -32,25 +32,32 @@ def correction_mode(rc: RolloutCorrectionConfig) -> CorrectionMode:
 
 
 def _rollout_log_probs(batch: DataProto, mode: str):
-    if F.ROLLOUT_LOG_PROBS not in batch.batch.keys():
-        raise KeyError(f"rollout correction ({mode}) needs {F.ROLLOUT_LOG_PROBS!r} from the rollout "
-                       "(actor_rollout_ref.rollout.calculate_log_probs=true), and the batch has none")
-    return batch.batch[F.ROLLOUT_LOG_PROBS]
+    if F.ROLLOUT_LOG_PROBS not in batch.require_batch().keys():
+        raise KeyError(
+            f"rollout correction ({mode}) needs {F.ROLLOUT_LOG_PROBS!r} from the rollout "
+            "(actor_rollout_ref.rollout.calculate_log_probs=true), and the batch has none"
+        )
+    return batch.require_batch()[F.ROLLOUT_LOG_PROBS]
 
 
 def use_rollout_log_probs_as_old(batch: DataProto) -> None:
     """Bypass mode: ℓ_old := ℓ_rollout (the actor then trains against the sampler's policy)."""
-    batch.batch[F.OLD_LOG_PROBS] = _rollout_log_probs(batch, "bypass_mode").clone()
+    batch.require_batch()[F.OLD_LOG_PROBS] = _rollout_log_probs(batch, "bypass_mode").clone()
 
 
 def apply_decoupled_correction(batch: DataProto, rc: RolloutCorrectionConfig) -> dict[str, float]:
     """Decoupled mode: ``rollout_is_weights`` and the rejection-filtered ``response_mask`` into
     the batch (in place); returns the ``rollout_corr/*`` metrics."""
-    td = batch.batch
+    td = batch.require_batch()
     old, rollout, mask = td[F.OLD_LOG_PROBS], _rollout_log_probs(batch, "decoupled"), td[F.RESPONSE_MASK]
     weights, kept, metrics = compute_rollout_correction(
-        old, rollout, mask, rollout_is=rc.rollout_is, rollout_is_threshold=rc.rollout_is_threshold,
-        rollout_is_batch_normalize=rc.rollout_is_batch_normalize, rollout_rs=rc.rollout_rs,
+        old,
+        rollout,
+        mask,
+        rollout_is=rc.rollout_is,
+        rollout_is_threshold=rc.rollout_is_threshold,
+        rollout_is_batch_normalize=rc.rollout_is_batch_normalize,
+        rollout_rs=rc.rollout_rs,
         rollout_rs_threshold=rc.rollout_rs_threshold,
     )
     diagnostics = rollout_corr_diagnostics(old, rollout, mask, weights, rc.rollout_is_threshold)

@@ -21,4 +21,3 @@ def parse_bool(value: Any, key: str) -> bool:
         return value
     hint = " (write true or false without quotes)" if isinstance(value, str) else ""
     raise ValueError(f"{key} must be true or false, got {type(value).__name__} {short_repr(value)}{hint}")
-

@@ -28,16 +28,24 @@ class ChildService:
     ``env`` is added to this process's environment for the child (a secret there stays out of
     the process list, where command-line arguments are visible to every user)."""
 
-    def __init__(self, command: Callable[[int], list[str]], what: str, *, health_path: str = "/health",
-                 start_timeout_s: float = 60.0, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        command: Callable[[int], list[str]],
+        what: str,
+        *,
+        health_path: str = "/health",
+        start_timeout_s: float = 60.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         port = free_loopback_port()
         self.what = what
         self.address = f"127.0.0.1:{port}"
         self.url = f"http://{self.address}"
         self._log = tempfile.TemporaryFile(mode="w+")
         child_env = {**os.environ, **env} if env else None
-        self._proc = subprocess.Popen(command(port), stdout=self._log, stderr=subprocess.STDOUT, text=True,
-                                      env=child_env)
+        self._proc = subprocess.Popen(
+            command(port), stdout=self._log, stderr=subprocess.STDOUT, text=True, env=child_env
+        )
         atexit.register(self.close)
         deadline = time.monotonic() + start_timeout_s
         while True:
@@ -47,11 +55,13 @@ class ChildService:
                 with urllib.request.urlopen(self.url + health_path, timeout=2) as response:
                     self.health: Any = json.loads(response.read() or b"null")
                 break
-            except OSError:
+            except OSError as err:
                 if time.monotonic() > deadline:
                     self.close()
-                    raise RuntimeError(f"{what} did not answer on {self.url} within {start_timeout_s:g} s: "
-                                       f"{self.output().strip()[-2000:]}")
+                    raise RuntimeError(
+                        f"{what} did not answer on {self.url} within {start_timeout_s:g} s: "
+                        f"{self.output().strip()[-2000:]}"
+                    ) from err
                 time.sleep(0.1)
 
     def output(self) -> str:

@@ -185,9 +185,13 @@ def refusal_body(message: str, code: str) -> dict[str, Any]:
 
 async def _reply(send: Send, status: int, message: str, code: str, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
     body = json.dumps(refusal_body(message, code)).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode()),
-                            *headers]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode()), *headers],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -227,38 +231,63 @@ class RequestGuard:
         path = scope.get("path", "")
         host = split_host_header(headers.get("host", ""))
         if not host_allowed(host, self.allowed_hosts):
-            await _reply(send, 400, f"Host {host!r} is not served here (the server answers only the names it "
-                         "listens on; see --allowed-hosts)", "invalid_host")
+            await _reply(
+                send,
+                400,
+                f"Host {host!r} is not served here (the server answers only the names it "
+                "listens on; see --allowed-hosts)",
+                "invalid_host",
+            )
             return
         origin = headers.get("origin")
         if origin is not None and not origin_allowed(origin, host, self.allowed_hosts):
-            await _reply(send, 403, f"requests from the web page at Origin {origin!r} are refused: only pages "
-                         "served under this server's own host names may call it (see --allowed-hosts)",
-                         "invalid_origin")
+            await _reply(
+                send,
+                403,
+                f"requests from the web page at Origin {origin!r} are refused: only pages "
+                "served under this server's own host names may call it (see --allowed-hosts)",
+                "invalid_origin",
+            )
             return
         authorization = headers.get("authorization", "").encode("latin-1")
         if self.api_key is not None and not _bearer_ok(authorization, self.api_key):
-            await _reply(send, 401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
-                         "invalid_api_key", [(b"www-authenticate", b"Bearer")])
+            await _reply(
+                send,
+                401,
+                "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
+                "invalid_api_key",
+                [(b"www-authenticate", b"Bearer")],
+            )
             return
         token = self.route_token
         if token is not None and path in token.paths and not _bearer_ok(authorization, token.token.encode()):
-            await _reply(send, 401, f"{path} needs a token: send the header 'Authorization: Bearer TOKEN' "
-                         f"({token.hint})", "invalid_token", [(b"www-authenticate", b"Bearer")])
+            await _reply(
+                send,
+                401,
+                f"{path} needs a token: send the header 'Authorization: Bearer TOKEN' ({token.hint})",
+                "invalid_token",
+                [(b"www-authenticate", b"Bearer")],
+            )
             return
         if scope.get("method", "GET").upper() not in _BODYLESS_METHODS:
             expected = self.body_types.get(path, JSON)
             declared = media_type(headers.get("content-type", ""))
             if declared != expected:
-                await _reply(send, 415, f"{path} takes a body of Content-Type {expected}, got "
-                             f"{declared or 'none'}: other types can be sent by any web page without the "
-                             "browser asking this server first, so they are refused", "unsupported_media_type")
+                await _reply(
+                    send,
+                    415,
+                    f"{path} takes a body of Content-Type {expected}, got "
+                    f"{declared or 'none'}: other types can be sent by any web page without the "
+                    "browser asking this server first, so they are refused",
+                    "unsupported_media_type",
+                )
                 return
         limit = self.body_limits.get(path, self.max_body_bytes)
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
-            await _reply(send, 413, f"request body is larger than this server's limit of {limit} "
-                         "bytes", "body_too_large")
+            await _reply(
+                send, 413, f"request body is larger than this server's limit of {limit} bytes", "body_too_large"
+            )
             return
         await self.app(scope, self._counting(receive, limit), send)
 

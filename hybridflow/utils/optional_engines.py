@@ -46,5 +46,7 @@ def check_engine_installed(name: str) -> None:
 
 def import_failed(name: str, err: ImportError) -> ImportError:
     """The error for a package that is found but does not import (a broken or CPU-only build)."""
-    return ImportError(f"the `{ENGINE_PACKAGES[name]}` package is installed but failed to import ({err}); "
-                       f"rollout.name={name} needs a working CUDA build of it")
+    return ImportError(
+        f"the `{ENGINE_PACKAGES[name]}` package is installed but failed to import ({err}); "
+        f"rollout.name={name} needs a working CUDA build of it"
+    )

@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import torch
 
@@ -79,7 +79,9 @@ def _gflops(dtype: torch.dtype, size: int, repeats: int) -> float:
 
 def probe_matmul(size: int = PROBE_SIZE, repeats: int = 2) -> MatmulProbe:
     """fp32 and bf16 matmul throughput on the CPU (~40 ms where bf16 is emulated, ~5 ms else)."""
-    return MatmulProbe(fp32_gflops=_gflops(torch.float32, size, repeats), bf16_gflops=_gflops(torch.bfloat16, size, repeats))
+    return MatmulProbe(
+        fp32_gflops=_gflops(torch.float32, size, repeats), bf16_gflops=_gflops(torch.bfloat16, size, repeats)
+    )
 
 
 def choose_compute_dtype(
@@ -101,7 +103,9 @@ def choose_compute_dtype(
         return DtypeChoice("fp32", "requested")
     if device_type == "cuda":
         if requested == "bf16":
-            warning = None if cuda_bf16 else "dtype=bf16 requested but this GPU has no bf16 support; it will be slow or fail"
+            warning = (
+                None if cuda_bf16 else "dtype=bf16 requested but this GPU has no bf16 support; it will be slow or fail"
+            )
             return DtypeChoice("bf16", "requested", warning)
         return DtypeChoice("bf16", "the GPU supports bf16") if cuda_bf16 else DtypeChoice("fp32", "the GPU has no bf16")
     if device_type != "cpu":
@@ -110,8 +114,10 @@ def choose_compute_dtype(
         raise ValueError("choosing a CPU compute dtype needs a matmul probe")
     native_flags = sorted(_native_bf16_flags(flags))
     flag_text = (
-        "CPU flags unknown" if flags is None
-        else f"CPU flag {'/'.join(native_flags)}" if native_flags
+        "CPU flags unknown"
+        if flags is None
+        else f"CPU flag {'/'.join(native_flags)}"
+        if native_flags
         else "no avx512_bf16/amx_bf16 flag"
     )
     fast = probe.bf16_speedup > MIN_BF16_SPEEDUP and (flags is None or bool(native_flags))
@@ -134,7 +140,7 @@ def _native_bf16_flags(flags: frozenset[str] | None) -> set[str]:
     return set() if flags is None else {f for f in BF16_FLAGS if f in flags}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _measured_choice(requested: str, device_type: str) -> DtypeChoice:
     if requested == "fp32":
         return choose_compute_dtype(requested, device_type)

@@ -63,9 +63,7 @@ class Registry(Generic[T]):
         try:
             return self._entries[key]
         except KeyError:
-            raise ValueError(
-                f"unknown {self.kind} {key!r}; valid names: {', '.join(sorted(self._entries))}"
-            ) from None
+            raise ValueError(f"unknown {self.kind} {key!r}; valid names: {', '.join(sorted(self._entries))}") from None
 
     def meta(self, name: str | enum.Enum) -> Any:
         """The metadata registered with ``name`` (``None`` if none was given)."""

@@ -16,8 +16,9 @@ class HttpSync(WeightSync):
 
     name = "http"
 
-    def __init__(self, target: HttpClient | str, bucket_bytes: int, api_key: str | None = None,
-                 timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, target: HttpClient | str, bucket_bytes: int, api_key: str | None = None, timeout_s: float = 600.0
+    ) -> None:
         if isinstance(target, str):
             target = HttpClient(target, api_key=api_key, timeout_s=timeout_s, weight_bucket_bytes=bucket_bytes)
         target.weight_bucket_bytes = bucket_bytes

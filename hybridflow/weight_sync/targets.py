@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from hybridflow.inference.engine import GenerationEngine
+from hybridflow.inference.generation_engine import GenerationEngine
 from hybridflow.inference.weights import load_weights_from_folder, stage_named_tensors
 
 NamedTensorPairs = Iterable[tuple[str, torch.Tensor]]

@@ -32,21 +32,29 @@ from hybridflow.models import load_model_and_tokenizer, policy_attn_implementati
 from hybridflow.models.hf_metadata import HF_CONFIG_DIR, save_hf_metadata
 from hybridflow.protocol import DataProto
 from hybridflow.workers.actor_loss import ADDITIVE_ACTOR_METRICS, ActorLoss
-from hybridflow.workers.data_parallel import dp_global_batch_info
+from hybridflow.workers.data_parallel import (
+    DP_COMPUTE_PROTO_WITH_OPTIONS,
+    DP_METRICS,
+    dp_global_batch_info,
+)
 from hybridflow.workers.distillation_term import DistillationTerm
 from hybridflow.workers.engine_factory import build_engine, needs_process_group
 from hybridflow.workers.ppo_loop import (
-    load_shuffle_state,
-    save_shuffle_state,
     iter_mini_batches,
+    load_shuffle_state,
     mean_over_steps,
     micro_batch_spec,
     reduce_micro_metrics,
     require_fields,
     response_mask_of,
     rows_per_mini_batch,
+    save_shuffle_state,
 )
-from hybridflow.workers.shared_policy import DEFAULT_SHARE_NAME, SharedPolicy, publish_policy
+from hybridflow.workers.shared_policy import (
+    DEFAULT_SHARE_NAME,
+    SharedPolicy,
+    publish_policy,
+)
 
 _MODEL_INPUTS = (FK.INPUT_IDS, FK.ATTENTION_MASK, FK.RESPONSES)
 
@@ -108,7 +116,9 @@ class ActorWorker(Worker):
             strategy=actor.strategy,
             grad_clip=actor.grad_clip,
             micro_batch=micro_batch_spec(
-                actor.use_dynamic_bsz, actor.ppo_micro_batch_size_per_gpu, actor.ppo_max_token_len_per_gpu,
+                actor.use_dynamic_bsz,
+                actor.ppo_micro_batch_size_per_gpu,
+                actor.ppo_max_token_len_per_gpu,
                 real_tokens=model_cfg.use_remove_padding,
             ),
             total_training_steps=self.total_training_steps,
@@ -145,33 +155,44 @@ class ActorWorker(Worker):
         return not (num_rows == rows and actor.ppo_epochs == 1)
 
     # --- log-probs --------------------------------------------------------------------------
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def compute_log_prob(self, data: DataProto) -> DataProto:
+    @register(dispatch_mode=DP_COMPUTE_PROTO_WITH_OPTIONS)
+    def compute_log_prob(self, data: DataProto, calculate_sum_pi_squared: bool = False) -> DataProto:
         """``old_log_probs`` and ``entropys`` (B, T) of the responses at the sampling temperature
-        (and ``sum_pi_squared`` when ``meta_info["calculate_sum_pi_squared"]`` is set)."""
+        (``meta_info["temperature"]``), and ``sum_pi_squared`` (Σ_v π_v²) with
+        ``calculate_sum_pi_squared`` (an estimator that needs it)."""
         batch = _tensor_batch(data, "compute_log_prob")
         require_fields(batch, _MODEL_INPUTS, "compute_log_prob")
         rollout, actor = self.config.rollout, self.config.actor
-        use_dynamic = rollout.log_prob_use_dynamic_bsz if rollout.log_prob_use_dynamic_bsz is not None else actor.use_dynamic_bsz
+        use_dynamic = (
+            rollout.log_prob_use_dynamic_bsz if rollout.log_prob_use_dynamic_bsz is not None else actor.use_dynamic_bsz
+        )
         max_tokens = rollout.log_prob_max_token_len_per_gpu or actor.ppo_max_token_len_per_gpu
-        spec = micro_batch_spec(use_dynamic, rollout.log_prob_micro_batch_size_per_gpu, max_tokens,
-                                real_tokens=self.config.model.use_remove_padding)
+        spec = micro_batch_spec(
+            use_dynamic,
+            rollout.log_prob_micro_batch_size_per_gpu,
+            max_tokens,
+            real_tokens=self.config.model.use_remove_padding,
+        )
         temperature = log_prob_temperature(rollout.temperature)
-        with_pi2 = bool(data.meta_info.get("calculate_sum_pi_squared", False))
+        with_pi2 = bool(calculate_sum_pi_squared)
         forward = partial(
-            response_log_probs, temperature=temperature, calculate_entropy=True,
-            chunked_entropy=actor.entropy_from_logits_with_chunking, calculate_sum_pi_squared=with_pi2,
+            response_log_probs,
+            temperature=temperature,
+            calculate_entropy=True,
+            chunked_entropy=actor.entropy_from_logits_with_chunking,
+            calculate_sum_pi_squared=with_pi2,
         )
         out = self.engine.infer(batch, forward, spec)
         tensors = {FK.OLD_LOG_PROBS: out["log_probs"], FK.ENTROPYS: out["entropy"]}
         if with_pi2:
             tensors[FK.SUM_PI_SQUARED] = out["sum_pi_squared"]
-        return DataProto.from_dict(tensors=tensors, meta_info={"temperature": temperature})
+        return DataProto.from_dict(tensors=tensors, meta_info={FK.META_TEMPERATURE: temperature})
 
     # --- update -----------------------------------------------------------------------------
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def update_actor(self, data: DataProto) -> DataProto:
-        """PPO update on ``data``; returns ``meta_info["metrics"]`` (name → float, mean over steps)."""
+    @register(dispatch_mode=DP_METRICS)
+    def update_actor(self, data: DataProto) -> dict[str, float]:
+        """PPO update on ``data``; returns this rank's metrics (name → float, mean over steps).
+        Through a worker group: ``{name: [one value per rank]}``."""
         actor, engine = self.config.actor, self.engine
         batch = _tensor_batch(data, "update_actor")
         rows = rows_per_mini_batch(actor.ppo_mini_batch_size, self.config.rollout.n, self.world_size, "actor")
@@ -197,10 +218,12 @@ class ActorWorker(Worker):
             loss_fn = ActorLoss.from_config(actor, info, use_stored_old_log_probs=stored_old, distill=distill)
             step_metrics = reduce_micro_metrics(engine.forward_backward(mini, forward, loss_fn), ADDITIVE_ACTOR_METRICS)
             step = engine.optimizer_step()
-            step_metrics.update({"actor/grad_norm": step.grad_norm, "actor/lr": step.lr, "actor/skipped_step": float(step.skipped)})
+            step_metrics.update(
+                {"actor/grad_norm": step.grad_norm, "actor/lr": step.lr, "actor/skipped_step": float(step.skipped)}
+            )
             per_step.append(step_metrics)
         engine.lr_scheduler_step()
-        return DataProto(meta_info={"metrics": mean_over_steps(per_step)})
+        return mean_over_steps(per_step)
 
     # --- weights for a rollout in other processes ------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

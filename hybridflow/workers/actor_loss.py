@@ -25,7 +25,9 @@ from hybridflow.workers.distillation_term import ADDITIVE_DISTILL_METRICS, Disti
 from hybridflow.workers.ppo_loop import NUM_TOKENS_KEY, response_mask_of
 
 # Metrics that are a micro-batch's share of a mini-batch loss (summed over micro-batches).
-ADDITIVE_ACTOR_METRICS = frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/loss"}) | ADDITIVE_DISTILL_METRICS
+ADDITIVE_ACTOR_METRICS = (
+    frozenset({"actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/loss"}) | ADDITIVE_DISTILL_METRICS
+)
 
 
 def policy_loss_scalars(actor: ActorConfig) -> dict[str, object]:
@@ -75,7 +77,10 @@ class ActorLoss:
 
     @classmethod
     def from_config(
-        cls, actor: ActorConfig, batch_info: GlobalBatchInfo, use_stored_old_log_probs: bool,
+        cls,
+        actor: ActorConfig,
+        batch_info: GlobalBatchInfo,
+        use_stored_old_log_probs: bool,
         distill: DistillationTerm | None = None,
     ) -> ActorLoss:
         mode = actor.policy_loss.loss_mode
@@ -96,14 +101,22 @@ class ActorLoss:
     def needs_entropy(self) -> bool:
         return self.entropy_coeff != 0.0
 
-    def __call__(self, outputs: dict[str, torch.Tensor], micro: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def __call__(
+        self, outputs: dict[str, torch.Tensor], micro: TensorDict
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         log_prob = outputs["log_probs"]
         mask = response_mask_of(micro).to(log_prob.dtype)
         old = micro[FK.OLD_LOG_PROBS] if self.use_stored_old_log_probs else log_prob.detach()
         weights = micro[FK.ROLLOUT_IS_WEIGHTS] if FK.ROLLOUT_IS_WEIGHTS in micro.keys() else None
         pg_loss, pg_metrics = get_policy_loss_fn(self.loss_mode)(
-            old, log_prob, micro[FK.ADVANTAGES], mask, self.loss_agg_mode,
-            **self.loss_params, rollout_is_weights=weights, global_batch_info=self.batch_info,
+            old,
+            log_prob,
+            micro[FK.ADVANTAGES],
+            mask,
+            self.loss_agg_mode,
+            **self.loss_params,
+            rollout_is_weights=weights,
+            global_batch_info=self.batch_info,
         )
         loss = pg_loss
         metrics = {"actor/pg_loss": pg_loss.detach(), **pg_metrics, NUM_TOKENS_KEY: mask.sum().detach()}

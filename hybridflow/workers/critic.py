@@ -24,19 +24,19 @@ from hybridflow.engine.forward import response_values
 from hybridflow.models import choose_attn_implementation, load_value_model
 from hybridflow.models.packed_attention import packed_name
 from hybridflow.protocol import DataProto
-from hybridflow.workers.data_parallel import dp_global_batch_info
+from hybridflow.workers.data_parallel import DP_METRICS, dp_global_batch_info
 from hybridflow.workers.engine_factory import build_engine, needs_process_group
 from hybridflow.workers.ppo_loop import (
-    load_shuffle_state,
-    save_shuffle_state,
     NUM_TOKENS_KEY,
     iter_mini_batches,
+    load_shuffle_state,
     mean_over_steps,
     micro_batch_spec,
     reduce_micro_metrics,
     require_fields,
     response_mask_of,
     rows_per_mini_batch,
+    save_shuffle_state,
 )
 
 _MODEL_INPUTS = (FK.INPUT_IDS, FK.ATTENTION_MASK, FK.RESPONSES)
@@ -51,11 +51,18 @@ class ValueLoss:
     loss_agg_mode: str
     batch_info: GlobalBatchInfo
 
-    def __call__(self, outputs: dict[str, torch.Tensor], micro: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def __call__(
+        self, outputs: dict[str, torch.Tensor], micro: TensorDict
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         vpreds = outputs["values"]
         mask = response_mask_of(micro).to(vpreds.dtype)
         loss, clipfrac = compute_value_loss(
-            vpreds, micro[FK.RETURNS], micro[FK.VALUES], mask, self.cliprange_value, self.loss_agg_mode,
+            vpreds,
+            micro[FK.RETURNS],
+            micro[FK.VALUES],
+            mask,
+            self.cliprange_value,
+            self.loss_agg_mode,
             global_batch_info=self.batch_info,
         )
         metrics = {
@@ -104,6 +111,9 @@ class CriticWorker(Worker):
     def init_model(self) -> None:
         """Load the policy backbone + a seeded value head (fp32 parameters) and its engine."""
         cfg = self.config
+        # set: _check_resolved (in __init__) refuses a config with these keys None
+        assert cfg.model.path is not None and cfg.model.dtype is not None and cfg.strategy is not None
+        assert cfg.use_dynamic_bsz is not None and cfg.ppo_micro_batch_size_per_gpu is not None
         module, _ = load_value_model(
             cfg.model.path,
             dtype="fp32",
@@ -119,8 +129,12 @@ class CriticWorker(Worker):
             cfg.optim,
             strategy=cfg.strategy,
             grad_clip=cfg.grad_clip,
-            micro_batch=micro_batch_spec(cfg.use_dynamic_bsz, cfg.ppo_micro_batch_size_per_gpu,
-                                         cfg.ppo_max_token_len_per_gpu, real_tokens=bool(cfg.model.use_remove_padding)),
+            micro_batch=micro_batch_spec(
+                cfg.use_dynamic_bsz,
+                cfg.ppo_micro_batch_size_per_gpu,
+                cfg.ppo_max_token_len_per_gpu,
+                real_tokens=bool(cfg.model.use_remove_padding),
+            ),
             total_training_steps=self.total_training_steps,
             device=self.device,
             dtype=cfg.model.dtype,
@@ -140,15 +154,23 @@ class CriticWorker(Worker):
         batch = _tensor_batch(data, "compute_values")
         require_fields(batch, _MODEL_INPUTS, "compute_values")
         cfg = self.config
-        spec = micro_batch_spec(cfg.use_dynamic_bsz, cfg.forward_micro_batch_size_per_gpu,
-                                cfg.forward_max_token_len_per_gpu, real_tokens=bool(cfg.model.use_remove_padding))
+        assert cfg.use_dynamic_bsz is not None and cfg.forward_micro_batch_size_per_gpu is not None  # _check_resolved
+        spec = micro_batch_spec(
+            cfg.use_dynamic_bsz,
+            cfg.forward_micro_batch_size_per_gpu,
+            cfg.forward_max_token_len_per_gpu,
+            real_tokens=bool(cfg.model.use_remove_padding),
+        )
         out = self.engine.infer(batch, response_values, spec)
         return DataProto.from_dict(tensors={FK.VALUES: out["values"]})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def update_critic(self, data: DataProto) -> DataProto:
-        """Clipped value-loss update; returns ``meta_info["metrics"]`` (critic/*, mean over steps)."""
+    @register(dispatch_mode=DP_METRICS)
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        """Clipped value-loss update; returns this rank's critic/* metrics (mean over steps).
+        Through a worker group: ``{name: [one value per rank]}``."""
         cfg, engine = self.config, self.engine
+        assert cfg.ppo_mini_batch_size is not None and cfg.ppo_epochs is not None  # _check_resolved
+        assert cfg.shuffle is not None and cfg.loss_agg_mode is not None
         batch = _tensor_batch(data, "update_critic")
         require_fields(batch, (*_MODEL_INPUTS, FK.VALUES, FK.RETURNS), "update_critic")
         rows = rows_per_mini_batch(cfg.ppo_mini_batch_size, self.rollout_n, self.world_size, "critic")
@@ -157,12 +179,14 @@ class CriticWorker(Worker):
             mask = response_mask_of(mini)
             info = dp_global_batch_info(mask, self.world_size, loss_scale_factor=float(mask.shape[1]))
             loss_fn = ValueLoss(cfg.cliprange_value, cfg.loss_agg_mode, info)
-            step_metrics = reduce_micro_metrics(engine.forward_backward(mini, response_values, loss_fn), ADDITIVE_CRITIC_METRICS)
+            step_metrics = reduce_micro_metrics(
+                engine.forward_backward(mini, response_values, loss_fn), ADDITIVE_CRITIC_METRICS
+            )
             step = engine.optimizer_step()
             step_metrics.update({"critic/grad_norm": step.grad_norm, "critic/lr": step.lr})
             per_step.append(step_metrics)
         engine.lr_scheduler_step()
-        return DataProto(meta_info={"metrics": mean_over_steps(per_step)})
+        return mean_over_steps(per_step)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:

@@ -27,9 +27,15 @@ from hybridflow.algorithms.aggregation import GlobalBatchInfo, agg_loss_with_inf
 from hybridflow.algorithms.distillation import sampled_token_divergence, topk_divergence, topk_mass, uses_topk
 from hybridflow.config.distillation import DistillationConfig
 
-ADDITIVE_DISTILL_METRICS = frozenset({
-    "distill/kl", "distill/teacher_logp", "distill/loss", "distill/topk_teacher_mass", "distill/topk_student_mass",
-})
+ADDITIVE_DISTILL_METRICS = frozenset(
+    {
+        "distill/kl",
+        "distill/teacher_logp",
+        "distill/loss",
+        "distill/topk_teacher_mass",
+        "distill/topk_student_mass",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -49,8 +55,12 @@ class DistillationTerm:
             return None
         loss = dist.distillation_loss
         return cls(
-            loss_mode=loss.loss_mode, as_loss=not loss.use_policy_gradient, coef=loss.distillation_loss_coef,
-            jsd_beta=loss.jsd_beta, loss_max_clamp=loss.loss_max_clamp, log_prob_min_clamp=loss.log_prob_min_clamp,
+            loss_mode=loss.loss_mode,
+            as_loss=not loss.use_policy_gradient,
+            coef=loss.distillation_loss_coef,
+            jsd_beta=loss.jsd_beta,
+            loss_max_clamp=loss.loss_max_clamp,
+            log_prob_min_clamp=loss.log_prob_min_clamp,
             loss_agg_mode=loss_agg_mode,
         )
 
@@ -78,10 +88,17 @@ class DistillationTerm:
         if not self.as_loss:
             return None, metrics
         if self.gathers_topk:
-            d = topk_divergence(self.loss_mode, outputs["topk_log_probs"], micro[FK.TEACHER_TOPK_LOG_PROBS],
-                                self.jsd_beta, self.loss_max_clamp)
+            d = topk_divergence(
+                self.loss_mode,
+                outputs["topk_log_probs"],
+                micro[FK.TEACHER_TOPK_LOG_PROBS],
+                self.jsd_beta,
+                self.loss_max_clamp,
+            )
         else:
-            d = sampled_token_divergence(log_prob, teacher, self.loss_mode, self.log_prob_min_clamp, self.loss_max_clamp)
+            d = sampled_token_divergence(
+                log_prob, teacher, self.loss_mode, self.log_prob_min_clamp, self.loss_max_clamp
+            )
         loss = agg_loss_with_info(d, mask, self.loss_agg_mode, info)
         metrics["distill/loss"] = loss.detach()
         return self.coef * loss, metrics

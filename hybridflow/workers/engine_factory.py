@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from hybridflow.config import OptimConfig
@@ -22,7 +24,7 @@ def needs_process_group(strategy: str, world_size: int) -> bool:
     return ENGINES.meta(resolve_strategy(strategy, world_size)).multi_process
 
 
-def autocast_dtype_for(dtype: str, device: torch.device) -> torch.dtype | None:
+def autocast_dtype_for(dtype: str, device: torch.device | str) -> torch.dtype | None:
     """Trainable roles keep fp32 parameters (bf16 cannot hold small AdamW updates) and, for
     ``dtype=bf16`` (or ``auto`` resolved to bf16 on this hardware), compute under bf16
     autocast; fp32 runs without autocast."""
@@ -43,7 +45,7 @@ def build_engine(
     grad_clip: float,
     micro_batch: MicroBatchSpec,
     total_training_steps: int | None,
-    device: torch.device,
+    device: torch.device | str,
     dtype: str,
     world_size: int,
     owner: str,
@@ -56,7 +58,9 @@ def build_engine(
             f"{owner}.strategy={strategy!r} resolves to the {name!r} engine, which trains in one process, "
             f"but this group has {world_size} ranks"
         )
-    return ENGINES.get(name)(
+    # every registered engine takes these keywords; the abstract TrainEngine declares no constructor
+    engine_cls: Callable[..., TrainEngine] = ENGINES.get(name)
+    return engine_cls(
         module,
         lr=optim.lr,
         betas=(float(optim.betas[0]), float(optim.betas[1])),

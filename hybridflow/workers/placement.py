@@ -43,8 +43,13 @@ def actor_rollout_ref_roles(
     ``distillation``: the run's section, for the actor's distillation term."""
     roles: dict[str, ClassWithInitArgs[Any]] = {
         ACTOR_ROLE: ClassWithInitArgs(
-            ActorWorker, config, total_training_steps=total_training_steps, device=device, seed=seed,
-            share_name=share_name, distillation=distillation,
+            ActorWorker,
+            config,
+            total_training_steps=total_training_steps,
+            device=device,
+            seed=seed,
+            share_name=share_name,
+            distillation=distillation,
         )
     }
     if rollout is not None:
@@ -66,7 +71,12 @@ def colocated_actor_rollout_ref(
 ) -> ClassWithInitArgs[ColocatedWorker]:
     """The colocated worker spec for a worker group (call ``spawn()`` on the group)."""
     roles = actor_rollout_ref_roles(
-        config, rollout=rollout, with_ref=with_ref, total_training_steps=total_training_steps,
-        device=device, seed=seed, share_name=share_name,
+        config,
+        rollout=rollout,
+        with_ref=with_ref,
+        total_training_steps=total_training_steps,
+        device=device,
+        seed=seed,
+        share_name=share_name,
     )
     return colocated_class(roles)

@@ -76,7 +76,9 @@ def iter_mini_batches(
             yield batch[order[start : start + rows]]
 
 
-def reduce_micro_metrics(micro_metrics: Sequence[dict[str, torch.Tensor]], additive: frozenset[str]) -> dict[str, float]:
+def reduce_micro_metrics(
+    micro_metrics: Sequence[dict[str, torch.Tensor]], additive: frozenset[str]
+) -> dict[str, float]:
     """One mini-batch's metrics from its micro-batches.
 
     Keys in ``additive`` are each micro-batch's share of a mini-batch quantity (losses

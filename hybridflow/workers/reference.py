@@ -17,13 +17,13 @@ import torch
 from hybridflow import fields as FK
 from hybridflow.config import ActorRolloutRefConfig
 from hybridflow.controller import Dispatch, Worker, register
-from hybridflow.engine.forward import response_log_probs
 from hybridflow.engine.base import TrainEngine
-from hybridflow.engine.inference import infer_micro_batches
+from hybridflow.engine.forward import response_log_probs
+from hybridflow.engine.micro_batch_runner import infer_micro_batches
 from hybridflow.models import load_model_and_tokenizer, policy_attn_implementation
 from hybridflow.protocol import DataProto
-from hybridflow.workers.actor import log_prob_temperature
 from hybridflow.utils.precision import resolve_compute_dtype
+from hybridflow.workers.actor import log_prob_temperature
 from hybridflow.workers.engine_factory import autocast_dtype_for
 from hybridflow.workers.ppo_loop import micro_batch_spec, require_fields
 from hybridflow.workers.shared_policy import DEFAULT_SHARE_NAME, lookup_policy
@@ -74,8 +74,13 @@ class ReferenceWorker(Worker):
         return self._shares_actor
 
     def _base_policy(self) -> AbstractContextManager:
+        if not self._shares_actor:
+            return nullcontext()
+        from peft import PeftModel  # imported already: the shared actor has LoRA adapters
+
+        assert isinstance(self._module, PeftModel)  # the LoRA actor's module (see SharedPolicy)
         # peft's disable_adapter() switches every LoRA layer off for the block and back after.
-        return self._module.disable_adapter() if self._shares_actor else nullcontext()  # type: ignore[union-attr]
+        return self._module.disable_adapter()
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -86,10 +91,16 @@ class ReferenceWorker(Worker):
             raise ValueError("compute_ref_log_prob needs a DataProto with a non-empty tensor batch")
         require_fields(data.batch, (FK.INPUT_IDS, FK.ATTENTION_MASK, FK.RESPONSES), "compute_ref_log_prob")
         ref, actor = self.config.ref, self.config.actor
-        use_dynamic = ref.log_prob_use_dynamic_bsz if ref.log_prob_use_dynamic_bsz is not None else actor.use_dynamic_bsz
+        use_dynamic = (
+            ref.log_prob_use_dynamic_bsz if ref.log_prob_use_dynamic_bsz is not None else actor.use_dynamic_bsz
+        )
         max_tokens = ref.log_prob_max_token_len_per_gpu or actor.ppo_max_token_len_per_gpu
-        spec = micro_batch_spec(use_dynamic, ref.log_prob_micro_batch_size_per_gpu, max_tokens,
-                                real_tokens=self.config.model.use_remove_padding)
+        spec = micro_batch_spec(
+            use_dynamic,
+            ref.log_prob_micro_batch_size_per_gpu,
+            max_tokens,
+            real_tokens=self.config.model.use_remove_padding,
+        )
         forward = partial(response_log_probs, temperature=log_prob_temperature(self.config.rollout.temperature))
         with self._base_policy():
             if self._sharded_engine is not None:

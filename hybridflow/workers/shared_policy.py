@@ -79,8 +79,11 @@ def publish_policy(name: str, rank: int, policy: SharedPolicy) -> None:
 
     try:
         entry = _Entry(
-            weakref.ref(policy.module, drop), weakref.ref(policy.tokenizer, drop), weakref.ref(policy.engine, drop),
-            policy.is_lora, policy.device,
+            weakref.ref(policy.module, drop),
+            weakref.ref(policy.tokenizer, drop),
+            weakref.ref(policy.engine, drop),
+            policy.is_lora,
+            policy.device,
         )
     except TypeError as exc:
         raise TypeError(

@@ -20,7 +20,7 @@ from hybridflow.config import ActorRolloutRefConfig
 from hybridflow.config.distillation import DistillationConfig
 from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.engine.forward import response_log_probs
-from hybridflow.engine.inference import infer_micro_batches
+from hybridflow.engine.micro_batch_runner import infer_micro_batches
 from hybridflow.models import load_model_and_tokenizer, policy_attn_implementation
 from hybridflow.models.loader import load_tokenizer
 from hybridflow.models.sources import resolve_model_path
@@ -30,8 +30,9 @@ from hybridflow.workers.actor import log_prob_temperature
 from hybridflow.workers.ppo_loop import micro_batch_spec, require_fields
 
 
-def check_same_tokenizer(teacher: PreTrainedTokenizerBase, student: PreTrainedTokenizerBase, teacher_path: str,
-                         student_path: str) -> None:
+def check_same_tokenizer(
+    teacher: PreTrainedTokenizerBase, student: PreTrainedTokenizerBase, teacher_path: str, student_path: str
+) -> None:
     """Raise ValueError unless both tokenizers map the same strings to the same ids."""
     t_vocab, s_vocab = teacher.get_vocab(), student.get_vocab()
     if t_vocab == s_vocab:
@@ -100,12 +101,16 @@ class TeacherWorker(Worker):
             raise ValueError("compute_teacher_log_prob needs a DataProto with a non-empty tensor batch")
         require_fields(data.batch, (FK.INPUT_IDS, FK.ATTENTION_MASK, FK.RESPONSES), "compute_teacher_log_prob")
         teacher = self.distillation.teacher_model
+        assert teacher.log_prob_micro_batch_size_per_gpu is not None  # = the ref's, resolved at load
         spec = micro_batch_spec(
-            bool(teacher.log_prob_use_dynamic_bsz), teacher.log_prob_micro_batch_size_per_gpu,
-            teacher.log_prob_max_token_len_per_gpu, real_tokens=self.policy.model.use_remove_padding,
+            bool(teacher.log_prob_use_dynamic_bsz),
+            teacher.log_prob_micro_batch_size_per_gpu,
+            teacher.log_prob_max_token_len_per_gpu,
+            real_tokens=self.policy.model.use_remove_padding,
         )
-        forward = partial(response_log_probs, temperature=log_prob_temperature(self.policy.rollout.temperature),
-                          topk=self.topk)
+        forward = partial(
+            response_log_probs, temperature=log_prob_temperature(self.policy.rollout.temperature), topk=self.topk
+        )
         out = infer_micro_batches(self._module, data.batch, forward, spec, self.device)
         tensors = {FK.TEACHER_LOG_PROB: out["log_probs"]}
         if self.topk:

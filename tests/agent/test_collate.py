@@ -8,7 +8,12 @@ import torch
 
 from hybridflow import fields as F
 from hybridflow.agent.base import AgentLoopOutput
-from hybridflow.agent.collate import TrajectoryError, agent_loop_metrics, check_trajectory, collate_trajectories
+from hybridflow.agent.collate import (
+    TrajectoryError,
+    agent_loop_metrics,
+    check_trajectory,
+    collate_trajectories,
+)
 
 PAD = 0
 

@@ -12,7 +12,6 @@ import yaml
 from hybridflow import fields as F
 from hybridflow.agent.base import AgentContext
 from hybridflow.agent.tool_agent import ToolAgentLoop, tool_prompt_messages
-from hybridflow.data.__main__ import main as data_main
 from hybridflow.data.io import read_rows
 from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.data.tasks.tool_lookup import (
@@ -22,10 +21,11 @@ from hybridflow.data.tasks.tool_lookup import (
     generate_tool_lookup,
     tool_call_text,
 )
+from hybridflow.entrypoints.data import main as data_main
 from hybridflow.inference.protocol import SamplingParams
+from hybridflow.reward.scorers import default_compute_score
 from hybridflow.tools.lookup import LookupTool
 from hybridflow.tools.registry import build_tools
-from hybridflow.workers.reward.scores import default_compute_score
 
 
 def test_splits_are_disjoint_and_each_answer_sits_in_its_rows_table():

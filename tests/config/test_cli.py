@@ -1,4 +1,4 @@
-"""`python -m hybridflow.config` prints the resolved config; bad configs exit 2 with the problems."""
+"""`hybridflow config` (`-m hybridflow.entrypoints.config`) prints the resolved config; bad configs exit 2."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import yaml
 
-from hybridflow.config.__main__ import main
+from hybridflow.entrypoints.config import main
 
 ARR = "actor_rollout_ref"
 
@@ -31,7 +31,7 @@ def test_invalid_config_exits_2_with_the_problems(capsys):
 
 def test_module_entry_point_runs():
     result = subprocess.run(
-        [sys.executable, "-m", "hybridflow.config", "algorithm.adv_estimator=gae", f"{ARR}.rollout.gpu_memory_utilization=0.5"],
+        [sys.executable, "-m", "hybridflow.entrypoints.config", "algorithm.adv_estimator=gae", f"{ARR}.rollout.gpu_memory_utilization=0.5"],
         capture_output=True,
         text=True,
         timeout=120,

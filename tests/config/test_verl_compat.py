@@ -156,3 +156,12 @@ def test_is_off():
 
 def test_every_ignore_entry_has_a_reason():
     assert all(entry.reason.strip() for entry in VERL_IGNORED_KEYS)
+
+
+@pytest.mark.parametrize("value", ["true", "false"])
+def test_verl_trainer_v1_switch_runs_the_one_trainer_core(value, caplog):
+    """verl's trainer.use_v1 selects its replay-buffer trainer; hybridflow has only that design,
+    so either value loads (with a note) and builds the same config."""
+    config = load_config(None, [f"trainer.use_v1={value}"])
+    assert config == load_config(None, [])
+    assert any("ignored: trainer.use_v1" in r.getMessage() for r in caplog.records)

@@ -8,12 +8,15 @@ from collections import Counter
 import pytest
 
 from hybridflow.data import read_rows
-from hybridflow.data.__main__ import build_parser, main
 from hybridflow.data.tasks import TASKS
-from hybridflow.data.tasks.arithmetic import DATA_SOURCE, DEFAULT_INSTRUCTION
+from hybridflow.data.tasks.arithmetic import (
+    DATA_SOURCE,
+    DEFAULT_INSTRUCTION,
+    extract_answer,
+)
 from hybridflow.data.tasks.arithmetic_pairs import STYLES, wrong_answers
-from hybridflow.workers.reward.scores import default_compute_score
-from hybridflow.workers.reward.scores.arithmetic import extract_answer
+from hybridflow.entrypoints.data import build_parser, main
+from hybridflow.reward.scorers import default_compute_score
 
 
 def build(*argv: str):

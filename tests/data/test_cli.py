@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import json
 
-from hybridflow.data.__main__ import main
 from hybridflow.data.io import read_rows
 from hybridflow.data.rl_dataset import RLDataset
+from hybridflow.entrypoints.data import main
 
 
 def test_arithmetic_cli_writes_four_files(tmp_path, tokenizer, capsys):

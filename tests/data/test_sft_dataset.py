@@ -202,11 +202,11 @@ def test_right_pad_rejects_overflow():
 
 
 def test_arithmetic_sft_task_adds_worked_answers_the_reward_accepts(tmp_path):
-    from hybridflow.data.__main__ import main as data_main
     from hybridflow.data import read_rows
     from hybridflow.data.tasks import TASKS
     from hybridflow.data.tasks.arithmetic_sft import worked_answer
-    from hybridflow.workers.reward import default_compute_score
+    from hybridflow.entrypoints.data import main as data_main
+    from hybridflow.reward import default_compute_score
 
     assert worked_answer("23 + 45", "68") == "23 + 45 = 68\n#### 68"
     assert data_main(["arithmetic-sft", "--out", str(tmp_path / "sft"), "--train-size", "6", "--test-size", "3"]) == 0

@@ -9,8 +9,13 @@ import torch
 
 from hybridflow import fields as FK
 from hybridflow.engine import MicroBatchSpec
-from hybridflow.engine.forward import compute_position_ids, response_log_probs, response_values, response_window
-from hybridflow.engine.inference import infer_micro_batches
+from hybridflow.engine.forward import (
+    compute_position_ids,
+    response_log_probs,
+    response_values,
+    response_window,
+)
+from hybridflow.engine.micro_batch_runner import infer_micro_batches
 from hybridflow.models.tiny import build_tiny_model
 from hybridflow.models.value_model import ValueHeadModel
 

@@ -10,9 +10,20 @@ import torch
 from hybridflow import fields as FK
 from hybridflow.engine import MicroBatchSpec
 from hybridflow.engine.forward import compute_position_ids, response_log_probs
-from hybridflow.engine.inference import infer_micro_batches, make_plan, plan_chunks, train_chunks
 from hybridflow.engine.micro_batch import plan_prompt_chunks
-from hybridflow.engine.shared_prompt import PromptCache, distinct_prompts, prompt_groups, shares_prompts, takes_prompt_cache
+from hybridflow.engine.micro_batch_runner import (
+    infer_micro_batches,
+    make_plan,
+    plan_chunks,
+    train_chunks,
+)
+from hybridflow.engine.shared_prompt import (
+    PromptCache,
+    distinct_prompts,
+    prompt_groups,
+    shares_prompts,
+    takes_prompt_cache,
+)
 from hybridflow.models.loader import apply_lora, enable_gradient_checkpointing
 from hybridflow.models.tiny import build_tiny_model
 

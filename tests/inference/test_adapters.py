@@ -18,15 +18,27 @@ import torch
 from safetensors.torch import save_file
 
 import hybridflow.utils.optional_engines as optional_engines
-from hybridflow.inference.adapters import EngineNotInstalled, check_engine_installed, engine_available, make_adapter
-from hybridflow.inference.adapters.common import check_named_tensors, served_tensor_shapes
+from hybridflow.inference.adapters import (
+    EngineNotInstalled,
+    check_engine_installed,
+    engine_available,
+    make_adapter,
+)
+from hybridflow.inference.adapters.common import (
+    check_named_tensors,
+    served_tensor_shapes,
+)
 from hybridflow.inference.adapters.sglang import (
     SGLangServer,
     finish_stop_reason,
     sglang_sampling_params,
     sglang_token_output,
 )
-from hybridflow.inference.adapters.vllm import VLLMServer, vllm_sampling_kwargs, vllm_token_output
+from hybridflow.inference.adapters.vllm import (
+    VLLMServer,
+    vllm_sampling_kwargs,
+    vllm_token_output,
+)
 from hybridflow.inference.protocol import InferenceServer, SamplingParams
 from hybridflow.inference.weight_transfer import bucket_from_bytes
 from hybridflow.inference.weights import WeightsRejected

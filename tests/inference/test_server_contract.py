@@ -20,11 +20,15 @@ from typing import Any
 import pytest
 import torch
 
-from hybridflow.inference.engine import GenerationEngine
+from hybridflow.inference.generation_engine import GenerationEngine
 from hybridflow.inference.partial_rollout import PartialRolloutClient
-from hybridflow.inference.protocol import InferenceServer, SamplingParams
 from hybridflow.inference.prompt_scoring import prompt_log_probs
-from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_model
+from hybridflow.inference.protocol import InferenceServer, SamplingParams
+from hybridflow.models.tiny import (
+    build_tiny_model,
+    build_tiny_tokenizer,
+    save_tiny_model,
+)
 from tests.serving import serve_in_thread
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -72,7 +76,8 @@ def _builtin(tokenizer, over_http: bool) -> Served:
     if not over_http:
         engine.start()
         return Served(InProcessClient(engine), reference, other, _state(reference), 1e-4, engine.shutdown, progress)
-    from hybridflow.server.app import ServerState, build_app
+    from hybridflow.server.app import build_app
+    from hybridflow.server.state import ServerState
     from hybridflow.server.text import TextCodec
 
     state = ServerState(engine=engine, codec=TextCodec(tokenizer), model_name="tiny", max_model_len=1024,

@@ -11,15 +11,23 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from hybridflow.inference.client import HttpClient, InferenceRequestError, InProcessClient
+from hybridflow.inference.client import (
+    HttpClient,
+    InferenceRequestError,
+    InProcessClient,
+)
 from hybridflow.inference.decoders import build_decoder
-from hybridflow.inference.engine import GenerationEngine
 from hybridflow.inference.generation import generate
+from hybridflow.inference.generation_engine import GenerationEngine
 from hybridflow.inference.protocol import SamplingParams, TokenClient
-from hybridflow.inference.sampling import SamplingParams as BatcherSampling
-from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_model
-from tests.serving import serve_in_thread
+from hybridflow.inference.sampling import GenerationParams
+from hybridflow.models.tiny import (
+    build_tiny_model,
+    build_tiny_tokenizer,
+    save_tiny_model,
+)
 from tests.numerics import TINY_DEPTH, TINY_WIDTH, assert_close_across
+from tests.serving import serve_in_thread
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TIMEOUT_S = 60
@@ -46,7 +54,7 @@ def _plain(model, prompt: list[int], max_tokens: int, stop: tuple[int, ...] = ()
     """The closed-batch sampler on ``prompt`` alone, greedy: (token ids, log-probs)."""
     ids = torch.tensor([prompt])
     mask = torch.ones_like(ids)
-    params = BatcherSampling(max_new_tokens=max_tokens, do_sample=False, stop_token_ids=stop)
+    params = GenerationParams(max_new_tokens=max_tokens, do_sample=False, stop_token_ids=stop)
     out = generate(build_decoder(model), ids, mask, mask.cumsum(1) - 1, params, 0)
     n = int(out.lengths[0])
     return out.responses[0, :n].tolist(), out.log_probs[0, :n].tolist()
@@ -158,7 +166,8 @@ def test_cancelling_the_caller_cancels_the_request(engine):
 def served(tokenizer) -> Iterator[tuple[str, GenerationEngine]]:
     """``build_app`` under uvicorn in a thread of this process: (base URL, the app's engine)."""
     pytest.importorskip("fastapi")
-    from hybridflow.server.app import ServerState, build_app
+    from hybridflow.server.app import build_app
+    from hybridflow.server.state import ServerState
     from hybridflow.server.text import TextCodec
 
     engine = GenerationEngine(build_tiny_model(tokenizer, seed=0), tokenizer.pad_token_id)

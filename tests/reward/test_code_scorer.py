@@ -13,9 +13,9 @@ from hybridflow.data.tasks.code_functions import (
     convert_code_row,
     generate_code_functions,
 )
+from hybridflow.reward.scorers import default_compute_score
+from hybridflow.reward.scorers.code import CodeSandboxSpec, compute_score, extract_code
 from hybridflow.sandbox.client import SandboxUnavailableError
-from hybridflow.workers.reward.scores import default_compute_score
-from hybridflow.workers.reward.scores.code import CodeSandboxSpec, compute_score, extract_code
 
 SPEC = CodeSandboxSpec(timeout_s=3, allow_weak_isolation=True)
 STDIN_TESTS = {"inputs": ["1 2\n", "10 -3\n", "0 0\n"], "outputs": ["3\n", "7", "0\n"]}
@@ -117,9 +117,9 @@ def test_converter_checks_rows_and_names_the_problem():
 
 def test_train_refuses_code_rewards_under_weak_isolation_at_start_up(tmp_path, monkeypatch, make_config):
     from hybridflow.data.tasks.common import write_task
+    from hybridflow.entrypoints.train import code_sandbox_spec
     from hybridflow.sandbox import isolation as isolation_module
     from hybridflow.sandbox.isolation import RLIMITS, Isolation, IsolationError
-    from hybridflow.trainer.main_ppo import code_sandbox_spec
 
     train, test = generate_code_functions(4, 2)
     write_task(train, test, tmp_path)
@@ -142,9 +142,9 @@ def test_reward_manager_scores_code_through_the_local_service(make_batch, tokeni
     """As ``hybridflow train`` wires it: the scorer processes send programs to a local
     ``hybridflow sandbox``; an unreachable service is counted in reward/errors, never a silent
     wrong answer."""
+    from hybridflow.reward import build_reward_manager
     from hybridflow.sandbox.limits import SandboxLimits
     from hybridflow.sandbox.local_service import LocalSandboxService
-    from hybridflow.workers.reward import build_reward_manager
 
     good, bad = fenced("def add(a, b):\n    return a + b"), fenced("def add(a, b):\n    return a - b")
     batch, lengths = make_batch([good, bad], [CALL_TESTS, CALL_TESTS], data_sources=["apps", DATA_SOURCE])
@@ -172,8 +172,8 @@ def test_reward_manager_scores_code_through_the_local_service(make_batch, tokeni
 def test_inside_a_scorer_process_bubblewrap_is_not_used(tokenizer):
     """A forked scorer process sits in a PID namespace without its own /proc: detection says
     so instead of letting bubblewrap hang."""
-    from hybridflow.workers.reward.executors import ScorerPool
-    from hybridflow.workers.reward.sandbox import ScorerSettings
+    from hybridflow.reward.executors import ScorerPool
+    from hybridflow.reward.scorer_process import ScorerSettings
 
     pool = ScorerPool(_detect_in_child, 1, load_timeout_s=30, settings=ScorerSettings(memory_limit_mb=4096))
     try:

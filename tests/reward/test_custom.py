@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridflow.workers.reward import NaiveRewardManager, load_custom_reward_function
+from hybridflow.reward import NaiveRewardManager, load_custom_reward_function
 
 SOURCE = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from hybridflow.workers.reward.calls import OK, CallResult, schedule
-from hybridflow.workers.reward.executors import EXECUTORS, ScorerPool, run_calls
+from hybridflow.reward.calls import OK, CallResult, schedule
+from hybridflow.reward.executors import EXECUTORS, ScorerPool, run_calls
 
 
 def scorer(x):

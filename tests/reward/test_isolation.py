@@ -11,17 +11,17 @@ import time
 import pytest
 
 from hybridflow.config import load_config
-from hybridflow.trainer.main_ppo import build_reward_fns
-from hybridflow.workers.reward import (
+from hybridflow.entrypoints.train import build_reward_fns
+from hybridflow.reward import (
     DEFAULT_MEMORY_LIMIT_MB,
     CustomRewardFunction,
     NaiveRewardManager,
     ScorerPool,
     ScorerSettings,
     ScorerStartError,
+    scorer_process,
 )
-from hybridflow.workers.reward import pool as pool_module
-from hybridflow.workers.reward import sandbox
+from hybridflow.reward import pool as pool_module
 
 
 def probe(what, trainer_pid=0, size=0):
@@ -64,12 +64,12 @@ def fresh_warnings(monkeypatch):
 
 
 def test_a_scorer_cannot_kill_the_trainer(caplog, fresh_warnings):
-    with caplog.at_level(logging.WARNING, logger="hybridflow.workers.reward.pool"):
+    with caplog.at_level(logging.WARNING, logger="hybridflow.reward.pool"):
         pool = ScorerPool(probe, num_workers=1)
     try:
         me = os.getpid()
         if _namespaces_allowed():
-            assert pool.isolation == sandbox.PID_NAMESPACE
+            assert pool.isolation == scorer_process.PID_NAMESPACE
             ids, killed, reach = pool.run(
                 [{"what": "ids"}, {"what": "kill-parent"}, {"what": "signal-trainer", "trainer_pid": me}], timeout_s=5.0
             )
@@ -79,18 +79,18 @@ def test_a_scorer_cannot_kill_the_trainer(caplog, fresh_warnings):
             assert reach.status == "error" and reach.message.startswith("ProcessLookupError")
             assert not caplog.records
         else:  # namespaces refused here: the weaker isolation must be reported
-            assert pool.isolation == sandbox.SESSION
+            assert pool.isolation == scorer_process.SESSION
             assert "can still signal the trainer" in caplog.text
     finally:
         pool.close()
 
 
 def test_without_namespaces_the_weaker_isolation_is_reported(monkeypatch, caplog, fresh_warnings):
-    monkeypatch.setattr(sandbox, "_UNSHARE", None)  # as where unshare(2) is refused
-    with caplog.at_level(logging.WARNING, logger="hybridflow.workers.reward.pool"):
+    monkeypatch.setattr(scorer_process, "_UNSHARE", None)  # as where unshare(2) is refused
+    with caplog.at_level(logging.WARNING, logger="hybridflow.reward.pool"):
         pool = ScorerPool(probe, num_workers=1)
     try:
-        assert pool.isolation == sandbox.SESSION
+        assert pool.isolation == scorer_process.SESSION
         [warning] = [r.getMessage() for r in caplog.records]
         assert "no PID namespace" in warning and "can still signal the trainer by its pid" in warning
         session, reach = pool.run(
@@ -123,7 +123,7 @@ def test_default_cap_stops_20_gib():
     pool = ScorerPool(probe, num_workers=1)
     try:
         limit, big = pool.run([{"what": "limit"}, {"what": "allocate", "size": 20 << 30}], timeout_s=5.0)
-        assert limit.value <= sandbox._address_space_bytes() + DEFAULT_MEMORY_LIMIT_MB * 2**20 + (512 << 20)
+        assert limit.value <= scorer_process._address_space_bytes() + DEFAULT_MEMORY_LIMIT_MB * 2**20 + (512 << 20)
         assert big.status == "error" and big.message.startswith("MemoryError")
     finally:
         pool.close()

@@ -22,12 +22,11 @@ import pytest
 import torch
 from transformers import LlamaForSequenceClassification
 
-from hybridflow.inference.engine import GenerationEngine
+from hybridflow.inference.generation_engine import GenerationEngine
 from hybridflow.models.reward_model import last_token_scores
 from hybridflow.models.tiny import build_tiny_model
-from hybridflow.workers.reward.custom import load_custom_reward_function
-from tests.serving import free_port, serve_in_thread
-from hybridflow.workers.reward.judge import (
+from hybridflow.reward.custom import load_custom_reward_function
+from hybridflow.reward.judge import (
     API_KEY_ENV,
     JudgeError,
     chat_completion,
@@ -35,6 +34,7 @@ from hybridflow.workers.reward.judge import (
     render_judge_messages,
     yes_no_logit,
 )
+from tests.serving import free_port, serve_in_thread
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +56,8 @@ def _api_key(monkeypatch: pytest.MonkeyPatch) -> None:
 def judge(tokenizer) -> Iterator[tuple[str, object]]:
     """The tiny llama (fp32, seed 0) served in this process: (``"host:port"``, the server's codec)."""
     pytest.importorskip("fastapi")
-    from hybridflow.server.app import ServerState, build_app
+    from hybridflow.server.app import build_app
+    from hybridflow.server.state import ServerState
     from hybridflow.server.text import TextCodec
 
     engine = GenerationEngine(build_tiny_model(tokenizer, seed=0, dtype=torch.float32), tokenizer.pad_token_id)

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from hybridflow.workers.reward import (
+from hybridflow.reward import (
     REWARD_MANAGERS,
     BatchRewardManager,
     DAPORewardManager,
@@ -20,7 +20,7 @@ from hybridflow.workers.reward import (
     place_scores,
     reward_fault_metrics,
 )
-from hybridflow.workers.reward.outcomes import ScoreTypeError
+from hybridflow.reward.outcomes import ScoreTypeError
 
 RESPONSES = ["23 + 45 = 68\n#### 68", "It is 7.", "#### 3"]
 TRUTHS = ["68", "7", "2"]
@@ -149,7 +149,7 @@ FAULTY = ["fine", "RAISE", "NAN", "TYPE", "NOSCORE", "HANG", "fine"]
 def test_faults_score_zero_and_are_counted(make_batch, tokenizer, caplog, name):
     data, lengths = make_batch(FAULTY, ["1"] * len(FAULTY))
     manager = build_reward_manager(name, tokenizer, compute_score=faulty, timeout_s=0.5)
-    with caplog.at_level(logging.WARNING, logger="hybridflow.workers.reward.base"):
+    with caplog.at_level(logging.WARNING, logger="hybridflow.reward.base"):
         reward, info = manager(data)
         manager(data)  # a second step logs nothing new
     assert reward.sum(-1).tolist() == [1.0, 0, 0, 0, 0, 0, 1.0]
@@ -327,7 +327,7 @@ def _arith_batch_with_rm_scores():
 
 @pytest.mark.parametrize("mode", ["off", "log", "add"])
 def test_rm_scores_are_the_reward_and_rules_log_or_add(mode):
-    from hybridflow.workers.reward import RULE_SCORE, build_reward_manager
+    from hybridflow.reward import RULE_SCORE, build_reward_manager
 
     tok, batch, rm = _arith_batch_with_rm_scores()
     manager = build_reward_manager("naive", tok, executor="inline", timeout_s=None, rule_reward=mode)
@@ -345,7 +345,7 @@ def test_rm_scores_are_the_reward_and_rules_log_or_add(mode):
 
 def test_a_nan_reward_model_score_scores_0_and_is_counted():
     from hybridflow import fields as F
-    from hybridflow.workers.reward import build_reward_manager, reward_fault_metrics
+    from hybridflow.reward import build_reward_manager, reward_fault_metrics
 
     tok, batch, rm = _arith_batch_with_rm_scores()
     batch.batch[F.RM_SCORES][1, 0] = float("nan")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybridflow.workers.reward import default_compute_score
-from hybridflow.workers.reward.scores.math_answers import (
+from hybridflow.reward import default_compute_score
+from hybridflow.reward.scorers.math_answers import (
     compute_score_boxed,
     compute_score_dapo,
     equivalent,

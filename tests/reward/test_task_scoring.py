@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from hybridflow.data.tasks import ArithmeticSettings, generate_arithmetic, generate_countdown
+from hybridflow.data.tasks import (
+    ArithmeticSettings,
+    generate_arithmetic,
+    generate_countdown,
+)
 from hybridflow.data.tasks.gsm8k import convert_gsm8k_rows
-from hybridflow.workers.reward import default_compute_score
+from hybridflow.reward import default_compute_score
 
 
 def _score(row, text):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hybridflow.inference.generation import generate
-from hybridflow.inference.sampling import SamplingParams
+from hybridflow.inference.sampling import GenerationParams
 
 EOS, PAD, FILL, VOCAB = 1, 0, 5, 8
 
@@ -73,7 +73,7 @@ def _prompts(last_tokens, lengths):
 def _run(last_tokens, lengths, steps=6, **kwargs):
     decoder = ScriptedDecoder()
     ids, mask, pos = _prompts(last_tokens, lengths)
-    params = SamplingParams(max_new_tokens=steps, stop_token_ids=(EOS,), do_sample=False, **kwargs)
+    params = GenerationParams(max_new_tokens=steps, stop_token_ids=(EOS,), do_sample=False, **kwargs)
     return decoder, generate(decoder, ids, mask, pos, params, pad_token_id=PAD)
 
 
@@ -131,7 +131,7 @@ def test_all_rows_finished_stops_early():
 
 def test_bad_prompts_are_rejected():
     decoder = ScriptedDecoder()
-    params = SamplingParams(max_new_tokens=2)
+    params = GenerationParams(max_new_tokens=2)
     ids = torch.ones(2, 3, dtype=torch.long)
     right_padded = torch.tensor([[1, 1, 0], [1, 1, 1]])
     with pytest.raises(ValueError, match="left-padded"):

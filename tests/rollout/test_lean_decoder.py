@@ -10,7 +10,7 @@ from hybridflow.inference.decoders import build_decoder
 from hybridflow.inference.generation import generate
 from hybridflow.inference.hf_decoder import HFDecoder
 from hybridflow.inference.lean_decoder import LeanDecoder, lean_unsupported_reason
-from hybridflow.inference.sampling import SamplingParams
+from hybridflow.inference.sampling import GenerationParams
 from hybridflow.models.tiny import build_tiny_model
 from tests.numerics import TINY_DEPTH, TINY_WIDTH, assert_greedy_tokens_match
 
@@ -41,7 +41,7 @@ def _assert_greedy_equals_hf(responses, model, prompts, steps=STEPS) -> None:
 
 
 def _ours_greedy(decoder, prompts, steps=STEPS):
-    params = SamplingParams(max_new_tokens=steps, do_sample=False)
+    params = GenerationParams(max_new_tokens=steps, do_sample=False)
     return generate(decoder, prompts["input_ids"], prompts["attention_mask"], prompts["position_ids"], params, 3)
 
 

@@ -8,7 +8,7 @@ import torch
 from hybridflow.inference.generation import generate
 from hybridflow.inference.lean_decoder import LeanDecoder
 from hybridflow.inference.prefix import shared_prefix_length
-from hybridflow.inference.sampling import SamplingParams
+from hybridflow.inference.sampling import GenerationParams
 from tests.numerics import TINY_DEPTH, TINY_WIDTH, assert_greedy_tokens_match
 
 
@@ -55,7 +55,7 @@ def test_generation_through_a_shared_prefix_matches_hf(request, tokenizer, arch)
     prefix = shared_prefix_length(enc["input_ids"], mask, pos)
     assert prefix >= 8
     decoder = LeanDecoder(model, "packed")
-    params = SamplingParams(max_new_tokens=12, do_sample=False)
+    params = GenerationParams(max_new_tokens=12, do_sample=False)
     out = generate(decoder, enc["input_ids"], mask, pos, params, pad_token_id=3)
     width = int(mask.sum(1).max()) - prefix
     assert decoder.cache.length == prefix + width + 11  # the prefix was stored once per row, not padded

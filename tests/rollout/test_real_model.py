@@ -10,7 +10,7 @@ import torch
 from hybridflow.algorithms.utils import logprobs_from_logits
 from hybridflow.inference.generation import generate
 from hybridflow.inference.lean_decoder import LeanDecoder
-from hybridflow.inference.sampling import SamplingParams
+from hybridflow.inference.sampling import GenerationParams
 from hybridflow.models import load_model_and_tokenizer
 from tests.numerics import assert_greedy_tokens_match
 
@@ -43,7 +43,7 @@ def smollm2():
 @pytest.mark.parametrize("weight_format, max_diff", [("shared", 3e-5), ("packed", 6e-5)])
 def test_smollm2_greedy_matches_hf_and_log_probs_track_full_forward(smollm2, weight_format, max_diff):
     model, tokenizer, prompts, (hf, hf_logits) = smollm2
-    params = SamplingParams(max_new_tokens=STEPS, do_sample=False, stop_token_ids=(tokenizer.eos_token_id,))
+    params = GenerationParams(max_new_tokens=STEPS, do_sample=False, stop_token_ids=(tokenizer.eos_token_id,))
     out = generate(LeanDecoder(model, weight_format), prompts["input_ids"], prompts["attention_mask"],
                    prompts["position_ids"], params, tokenizer.pad_token_id)
     # another backend: equal greedy tokens up to a near tie of HF's logits (tests/numerics.py);

@@ -53,7 +53,7 @@ def test_colocated_rollout_agrees_with_actor_before_and_after_an_update(config, 
     rollout.init_model()
     assert rollout.shares_actor_module and rollout.rollout.model is actor.module
     for step in range(2):
-        batch = rollout.generate_sequences(_prompts(encode, seed=step))
+        batch = rollout.generate_sequences(_prompts(encode, seed=step)).data
         old = actor.compute_log_prob(batch).batch[F.OLD_LOG_PROBS]
         diff = actor_logprob_diff(batch.batch[F.ROLLOUT_LOG_PROBS], old, batch.batch[F.RESPONSE_MASK])
         assert diff["rollout/actor_logprob_diff"] < 1e-5, (step, diff)
@@ -71,7 +71,7 @@ def test_colocated_bf16_rollout_samples_from_a_bf16_copy_of_the_fp32_actor(tiny_
     rollout.init_model()
     assert next(actor.module.parameters()).dtype == torch.float32
     assert rollout.rollout.decoder.dtype == torch.bfloat16
-    batch = rollout.generate_sequences(_prompts(encode, seed=0))
+    batch = rollout.generate_sequences(_prompts(encode, seed=0)).data
     old = actor.compute_log_prob(batch).batch[F.OLD_LOG_PROBS]  # bf16 autocast on the actor side
     diff = actor_logprob_diff(batch.batch[F.ROLLOUT_LOG_PROBS], old, batch.batch[F.RESPONSE_MASK])
     assert 0 < diff["rollout/actor_logprob_diff"] < 0.05  # bf16 rounding on both sides, not exact
@@ -86,12 +86,12 @@ def test_separate_rollout_loads_its_own_model_and_takes_pushed_weights(config, e
     with torch.no_grad():
         for p in actor.module.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
-    stale = rollout.generate_sequences(_prompts(encode, seed=0))
+    stale = rollout.generate_sequences(_prompts(encode, seed=0)).data
     old = actor.compute_log_prob(stale).batch[F.OLD_LOG_PROBS]
     mask = stale.batch[F.RESPONSE_MASK]
     assert actor_logprob_diff(stale.batch[F.ROLLOUT_LOG_PROBS], old, mask)["rollout/actor_logprob_diff"] > 1e-3
     rollout.update_weights(actor.engine.iter_sync_weights())
-    fresh = rollout.generate_sequences(_prompts(encode, seed=0))
+    fresh = rollout.generate_sequences(_prompts(encode, seed=0)).data
     old = actor.compute_log_prob(fresh).batch[F.OLD_LOG_PROBS]
     diff = actor_logprob_diff(fresh.batch[F.ROLLOUT_LOG_PROBS], old, fresh.batch[F.RESPONSE_MASK])
     assert diff["rollout/actor_logprob_diff"] < 1e-5
@@ -99,7 +99,7 @@ def test_separate_rollout_loads_its_own_model_and_takes_pushed_weights(config, e
         rollout.update_weights()
     rollout.release()
     rollout.resume()
-    again = rollout.generate_sequences(_prompts(encode, seed=0))
+    again = rollout.generate_sequences(_prompts(encode, seed=0)).data
     assert torch.equal(again.batch[F.RESPONSES], fresh.batch[F.RESPONSES])
 
 
@@ -126,10 +126,10 @@ def test_free_cache_engine_releases_the_packed_weights_and_cache_after_generatin
     rollout = RolloutWorker(config.actor_rollout_ref, share_name=None)
     rollout.init_model()
     decoder = rollout.rollout.decoder
-    first = rollout.generate_sequences(_prompts(encode, seed=3))
+    first = rollout.generate_sequences(_prompts(encode, seed=3)).data
     packed = [p._packed_weight is not None for p in decoder._projections()]
     assert (decoder.cache is None) == free
     assert (not any(packed)) if free else all(packed)
     # released state is rebuilt on the next call: same seed, same tokens
-    again = rollout.generate_sequences(_prompts(encode, seed=3))
+    again = rollout.generate_sequences(_prompts(encode, seed=3)).data
     assert torch.equal(first.batch[F.RESPONSES], again.batch[F.RESPONSES])

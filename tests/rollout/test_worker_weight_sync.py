@@ -78,7 +78,7 @@ def test_each_backend_keeps_the_rollout_on_the_actors_weights(tiny_model_dir, en
     assert rollout.shares_actor_module == (not copies)
     assert (rollout.rollout.model is actor.module) == (not copies)
     for step in (1, 2):
-        batch = rollout.generate_sequences(_prompts(encode, seed=step))
+        batch = rollout.generate_sequences(_prompts(encode, seed=step)).data
         assert _diff(actor, batch) < 1e-5
         _train_once(actor, batch, step)
         metrics = rollout.update_weights(version=step)
@@ -88,7 +88,7 @@ def test_each_backend_keeps_the_rollout_on_the_actors_weights(tiny_model_dir, en
             actor_state = dict(actor.engine.iter_sync_weights())
             own = rollout.rollout.model.state_dict()
             assert all(torch.equal(own[name], tensor) for name, tensor in actor_state.items())
-    assert _diff(actor, rollout.generate_sequences(_prompts(encode, seed=9))) < 1e-5
+    assert _diff(actor, rollout.generate_sequences(_prompts(encode, seed=9)).data) < 1e-5
     if backend == "disk":
         assert sorted(p.name for p in (tmp_path / "rank0").iterdir()) == ["v2"]
 
@@ -108,8 +108,8 @@ def serve(tiny_model_dir) -> Iterator[tuple[str, object, str]]:
     """``hybridflow serve``'s app on the tiny model folder, with the control routes on (and the
     control token it generated, which the trainer's client sends as its api_key)."""
     pytest.importorskip("fastapi")
+    from hybridflow.entrypoints.serve import build_state, parse_args
     from hybridflow.server.app import build_app
-    from hybridflow.server.main import build_state, parse_args
 
     state = build_state(parse_args(["--model", str(tiny_model_dir), "--dtype", "fp32", "--control-routes"]))
     with serve_in_thread(build_app(state)) as url:
@@ -127,14 +127,14 @@ def test_http_backend_generates_on_the_server_and_pushes_the_updates(tiny_model_
     rollout.init_model()
     assert type(rollout.rollout).__name__ == "ServerRollout"
     for step in (1, 2):
-        batch = rollout.generate_sequences(_prompts(encode, seed=step))
+        batch = rollout.generate_sequences(_prompts(encode, seed=step)).data
         assert batch.batch[F.RESPONSES].shape[0] == encode()[F.INPUT_IDS].shape[0]
         assert batch.batch[F.RESPONSE_MASK].sum() > 0
         assert _diff(actor, batch) < 1e-4  # the server's own log-probs, from the actor's weights
         _train_once(actor, batch, step)
         metrics = rollout.update_weights(version=step)
         assert engine.weight_version == step and metrics["weight_sync/buckets"] >= 1
-    assert _diff(actor, rollout.generate_sequences(_prompts(encode, seed=9))) < 1e-4
+    assert _diff(actor, rollout.generate_sequences(_prompts(encode, seed=9)).data) < 1e-4
     rollout.close()
 
 
@@ -175,9 +175,9 @@ def test_partial_rollout_aborts_swaps_and_resumes_the_generation_in_flight(tiny_
     rollout.update_weights(version=0)
     rollout.set_pull_before_generating(False)
     rollout.set_partial_rollout(True)
-    _train_once(actor, rollout.generate_sequences(_prompts(encode, seed=1)), seed=1)  # the actor moves on
+    _train_once(actor, rollout.generate_sequences(_prompts(encode, seed=1)).data, seed=1)  # the actor moves on
     result: dict = {}
-    thread = threading.Thread(target=lambda: result.setdefault("out", rollout.generate_sequences(_prompts(encode, 2))))
+    thread = threading.Thread(target=lambda: result.setdefault("out", rollout.generate_sequences(_prompts(encode, 2)).data))
     thread.start()
     engine = None
     while engine is None or engine.batcher.stats.tokens_generated < 16:

@@ -13,10 +13,25 @@ import urllib.request
 import pytest
 
 from hybridflow.sandbox import isolation as isolation_module
-from hybridflow.sandbox.client import FusionSandbox, LocalSandbox, SandboxUnavailableError
+from hybridflow.sandbox.client import (
+    FusionSandbox,
+    LocalSandbox,
+    SandboxUnavailableError,
+)
 from hybridflow.sandbox.executor import FINISHED, TIME_LIMIT, RunResult, run_code
-from hybridflow.sandbox.fusion import FusionRequest, FusionRequestError, fusion_response, result_from_fusion
-from hybridflow.sandbox.isolation import RLIMITS, Isolation, IsolationError, detect_isolation, require_isolation
+from hybridflow.sandbox.fusion import (
+    FusionRequest,
+    FusionRequestError,
+    fusion_response,
+    result_from_fusion,
+)
+from hybridflow.sandbox.isolation import (
+    RLIMITS,
+    Isolation,
+    IsolationError,
+    detect_isolation,
+    require_isolation,
+)
 from hybridflow.sandbox.limits import SandboxLimits
 
 WEAK = Isolation(RLIMITS, "bubblewrap is not installed (test)")
@@ -163,7 +178,7 @@ def test_weak_isolation_still_applies_every_limit():
 
 
 def test_sandbox_command_refuses_to_serve_weakly_without_the_flag(monkeypatch, capsys):
-    from hybridflow.sandbox import __main__ as cli
+    from hybridflow.entrypoints import sandbox as cli
 
     monkeypatch.setattr(isolation_module, "detect_isolation", lambda: WEAK)
     assert cli.main(["--port", "1"]) == 2

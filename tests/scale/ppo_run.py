@@ -1,4 +1,4 @@
-"""One ``main_ppo`` training run in this process, optionally killing a rank, for the scale-out tests.
+"""One ``hybridflow train`` run in this process, optionally killing a rank, for the scale-out tests.
 
     python -m tests.scale.ppo_run --result-file F [--kill-rank R --at-step S] KEY=VALUE ...
 
@@ -20,7 +20,7 @@ import sys
 
 from hybridflow.config import load_config
 from hybridflow.controller import WorkerError
-from hybridflow.trainer.main_ppo import build_trainer
+from hybridflow.entrypoints.train import build_trainer
 
 
 def main(argv: list[str]) -> dict[str, object]:
@@ -36,10 +36,10 @@ def main(argv: list[str]) -> dict[str, object]:
     if args.kill_rank is not None:
         real_step = trainer.step
 
-        def step_with_crash(batch, more_batches=None):  # test-only: the crash happens at a known point of the run
+        def step_with_crash(prompts=None):  # test-only: the crash happens at a known point of the run
             if trainer.global_steps == args.at_step:
                 os.kill(hosts[args.kill_rank].pid, signal.SIGKILL)
-            return real_step(batch, more_batches)
+            return real_step(prompts)
 
         trainer.step = step_with_crash
     try:

@@ -13,9 +13,9 @@ from hybridflow import fields as FK
 from hybridflow.controller import ClassWithInitArgs, create_worker_group
 from hybridflow.controller.ray_backend import RayResourcePool
 from hybridflow.engine import MicroBatchSpec
-from hybridflow.engine.inference import make_plan
-from hybridflow.trainer.model_merger import merge_checkpoint
 from hybridflow.engine.fsdp_checkpoint import FSDP_META_FILE, read_full_model_state
+from hybridflow.engine.micro_batch_runner import make_plan
+from hybridflow.export.writer import merge_checkpoint
 from hybridflow.workers.actor import ActorWorker
 from tests.numerics import TINY_DEPTH, TINY_WIDTH, assert_close_across
 from tests.scale.fsdp_workers import ProbeActorWorker
@@ -80,8 +80,8 @@ def test_dp2_update_equals_dp1_update(dp2, batch, make_config) -> None:
         dp2.compute_log_prob(batch).batch[FK.OLD_LOG_PROBS],
         dp1.compute_log_prob(batch).batch[FK.OLD_LOG_PROBS], rtol=0, atol=1e-5,
     )
-    m1 = dp1.update_actor(batch).meta_info["metrics"]
-    m2 = dp2.update_actor(batch).meta_info["metrics"]
+    m1 = dp1.update_actor(batch)
+    m2 = dp2.update_actor(batch)
     # the global gradient norm is measured over the sharded gradients: the same on both ranks and
     # as DP=1; each rank's loss is its share × dp_size, their mean the mini-batch loss. Other
     # processes, another split of the batch: the fp32 tolerance of the tiny model.
@@ -123,12 +123,12 @@ def test_sharded_checkpoint_round_trip(dp2, batch, tmp_path: Path) -> None:
     for name, tensor in saved.items():
         assert torch.equal(exported[name], tensor), name
 
-    first = dp2.update_actor(batch).meta_info["metrics"]
+    first = dp2.update_actor(batch)
     after_first = dp2.synced_weights()[0]
     dp2.load_checkpoint(str(ckpt))
     assert all(torch.equal(t, saved[n]) for n, t in dp2.synced_weights()[0].items())
     # bitwise by construction: the same two ranks, the same state and batch, the same kernels
-    second = dp2.update_actor(batch).meta_info["metrics"]  # same optimizer state, same lr step
+    second = dp2.update_actor(batch)  # same optimizer state, same lr step
     assert second["actor/lr"] == first["actor/lr"] and second["actor/grad_norm"] == first["actor/grad_norm"]
     for name, tensor in dp2.synced_weights()[0].items():
         assert torch.equal(tensor, after_first[name]), name

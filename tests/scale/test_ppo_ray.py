@@ -1,4 +1,4 @@
-"""``main_ppo`` on two Ray ranks (FSDP2, gloo): a GRPO run, a rank that dies, resume, merge."""
+"""``hybridflow train`` on two Ray ranks (FSDP2, gloo): a GRPO run, a rank that dies, resume, merge."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hybridflow.engine.fsdp_checkpoint import FSDP_META_FILE, read_full_model_state
-from hybridflow.trainer.model_merger import merge_checkpoint
+from hybridflow.export.writer import merge_checkpoint
 
 pytestmark = pytest.mark.ray
 

@@ -143,7 +143,7 @@ def test_export_deletes_nothing_through_a_symlinked_folder_of_the_target(run_dir
     ``sub/victim.txt`` (even with the victim's true sha256), and ``sub`` is a symbolic link to
     another folder. Expected: the export completes and the file outside the target survives —
     nothing is deleted through a link."""
-    from hybridflow.trainer.model_merger import EXPORT_MANIFEST, merge_checkpoint
+    from hybridflow.export.writer import EXPORT_MANIFEST, merge_checkpoint
 
     outside = tmp_path / "elsewhere"
     outside.mkdir()
@@ -164,7 +164,7 @@ def test_export_keeps_a_listed_file_whose_content_it_did_not_record(run_dir, tin
     """Attack: a planted export list names the user's own ``notes.txt`` in the target (a list
     without checksums, or with a checksum of other content). Expected: the export removes only
     files whose content is what it recorded writing, so the notes stay."""
-    from hybridflow.trainer.model_merger import EXPORT_MANIFEST, merge_checkpoint
+    from hybridflow.export.writer import EXPORT_MANIFEST, merge_checkpoint
 
     target = tmp_path / "export"
     target.mkdir()
@@ -182,7 +182,7 @@ def test_generate_restart_deletes_only_its_own_part_files(tmp_path):
     """Attack (an accident, really): the user keeps a file in ``OUT.parts``; ``hybridflow generate
     resume=false`` starts over, then finishes. Expected: the run's manifest and parts are
     replaced and removed, the user's file and the folder holding it stay."""
-    from hybridflow.trainer.generation_journal import GenerationJournal
+    from hybridflow.data.generation_journal import GenerationJournal
 
     output = tmp_path / "gen.jsonl"
     first = GenerationJournal(output, "old-settings", num_rows=3, batch_size=2)
@@ -206,7 +206,7 @@ def test_generate_refuses_a_parts_folder_that_is_a_symlink(tmp_path):
     """Attack: ``OUT.parts`` is a symbolic link to another folder of the user's. Expected: a
     clear refusal naming it, before anything is written or deleted there."""
     from hybridflow.data import DataFileError
-    from hybridflow.trainer.generation_journal import GenerationJournal
+    from hybridflow.data.generation_journal import GenerationJournal
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -265,7 +265,7 @@ def test_export_refuses_a_checkpoint_overwritten_in_place(run_dir, tiny_model_di
     """Attack: the checkpoint's weights are overwritten in place (same size) before an export.
     Expected: ``hybridflow export merge`` refuses with the damaged file named (exit 2) and writes
     no folder, instead of exporting NaN weights as a model."""
-    from hybridflow.trainer.main_merge import main as export_main
+    from hybridflow.entrypoints.export import main as export_main
 
     weights = run_dir / "global_step_2" / "actor" / "model.safetensors"
     _overwrite_in_place(weights)
@@ -370,8 +370,8 @@ def test_the_secret_key_rule():
     from hybridflow.config.render import leaf_paths
     from hybridflow.config.rm import RMConfig
     from hybridflow.config.secrets import is_secret_key
-    from hybridflow.trainer.main_eval import EvalConfig
-    from hybridflow.trainer.main_generation import GenerationConfig
+    from hybridflow.entrypoints.generate import GenerationConfig
+    from hybridflow.trainer.offline_eval import EvalConfig
 
     for name in ("api_key", "apiKey", "API-KEY", "judge_api_key", "hf_token", "token", "access_token", "password",
                  "db_password", "client_secret", "Authorization", "cookie", "private_key", "aws_secret_access_key"):

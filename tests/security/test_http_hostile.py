@@ -27,13 +27,14 @@ from typing import Any
 import pytest
 import torch
 
-from hybridflow.inference.engine import GenerationEngine
+from hybridflow.inference.generation_engine import GenerationEngine
 from hybridflow.inference.weight_transfer import bucket_to_bytes
 from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer
 from hybridflow.sandbox.isolation import RLIMITS, Isolation
 from hybridflow.sandbox.limits import SandboxLimits
-from hybridflow.server.app import ServerState, build_app
+from hybridflow.server.app import build_app
 from hybridflow.server.checks import ServerLimits
+from hybridflow.server.state import ServerState
 from hybridflow.server.text import TextCodec
 from tests.serving import serve_in_thread
 
@@ -202,7 +203,7 @@ def test_sandbox_without_a_token_only_on_loopback(capsys):
     """Attack: the service started open (``--no-token``) on an address other machines reach.
     Refusal: exit status 2 with a message, before anything listens; on 0.0.0.0 without
     ``--token`` a token is generated, so the service is never open there."""
-    from hybridflow.sandbox.__main__ import main
+    from hybridflow.entrypoints.sandbox import main
     from hybridflow.sandbox.access import resolve_token
 
     assert main(["--host", "0.0.0.0", "--no-token", "--allow-weak-isolation", "--port", str(_free_port())]) == 2
@@ -254,7 +255,7 @@ def test_hybridflow_sandbox_prints_a_generated_token_and_requires_it(tmp_path):
     answers 401 without it; with the printed token the program runs."""
     port, log = _free_port(), tmp_path / "sandbox.log"
     env = {k: v for k, v in os.environ.items() if k != "HYBRIDFLOW_SANDBOX_TOKEN"}
-    process = _start([sys.executable, "-m", "hybridflow.sandbox", "--port", str(port), "--allow-weak-isolation",
+    process = _start([sys.executable, "-m", "hybridflow.entrypoints.sandbox", "--port", str(port), "--allow-weak-isolation",
                       "--timeout-s", "5", "--max-concurrent", "1"], env, log)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -354,7 +355,7 @@ def test_control_routes_without_a_key_get_a_generated_token(serve_args):
     """Attack: ``hybridflow serve --control-routes`` started without a key, then any local
     process (or page) calls the controls. Refusal: a token is generated; a control route
     without it is a 401 and does nothing, with it the route works. The OpenAI routes stay open."""
-    from hybridflow.server.main import build_state, parse_args
+    from hybridflow.entrypoints.serve import build_state, parse_args
 
     args = parse_args([*serve_args, "--control-routes"])
     assert args.control_token_generated and len(args.control_token) >= 32
@@ -382,7 +383,7 @@ def test_serve_prints_the_generated_token_and_our_http_client_uses_it(serve_args
     with it, and is refused without it. The app runs in this process (uvicorn.run is replaced)."""
     import uvicorn
 
-    import hybridflow.server.main as serve_main
+    import hybridflow.entrypoints.serve as serve_main
     from hybridflow.inference.client import HttpClient, InferenceRequestError
 
     apps: list[Any] = []
@@ -423,7 +424,7 @@ def test_serve_on_a_non_loopback_address_needs_a_key(capsys):
     """Attack: ``hybridflow serve --host 0.0.0.0 [--control-routes]`` without a key, reachable
     by every machine on the network. Refusal: the arguments are refused (exit 2) with a message;
     ``--no-control-token`` is refused off loopback too. On loopback it is accepted."""
-    from hybridflow.server.main import parse_args
+    from hybridflow.entrypoints.serve import parse_args
 
     for argv, message in ((["--host", "0.0.0.0"], "reachable from other machines"),
                           (["--host", "0.0.0.0", "--control-routes"], "give --api-key"),
@@ -447,7 +448,7 @@ def test_a_small_request_is_not_stuck_behind_a_big_one(serve_args, monkeypatch):
     between calls — with 8 rows, a call holds at most 4 while others wait — so the small request
     is admitted at the next step and finishes after exactly 1 + max_tokens forwards, while no
     request of the big call has finished. Counted in forwards, not seconds."""
-    from hybridflow.server.main import build_state, parse_args
+    from hybridflow.entrypoints.serve import build_state, parse_args
 
     state = build_state(parse_args(serve_args))  # --max-batch-rows 8
     engine = state.engine

@@ -26,6 +26,9 @@ from hybridflow.agent.base import AgentContext
 from hybridflow.agent.tool_agent import ToolAgentLoop
 from hybridflow.inference.protocol import SamplingParams, TokenOutput
 from hybridflow.protocol import DataProto
+from hybridflow.reward import reward_fault_metrics
+from hybridflow.reward.base import RewardManager
+from hybridflow.reward.batch import BatchRewardManager
 from hybridflow.sandbox import isolation
 from hybridflow.sandbox.client import LocalSandbox
 from hybridflow.sandbox.limits import SandboxLimits
@@ -34,9 +37,6 @@ from hybridflow.tools.calculator import CalculatorTool, evaluate
 from hybridflow.tools.calls import ToolSession
 from hybridflow.tools.python import PythonTool
 from hybridflow.tools.registry import ToolConfigError, load_tool_config
-from hybridflow.workers.reward import reward_fault_metrics
-from hybridflow.workers.reward.base import RewardManager
-from hybridflow.workers.reward.batch import BatchRewardManager
 
 
 @pytest.fixture(scope="module")
@@ -398,7 +398,7 @@ def test_an_errored_item_counts_zero_in_a_scorer_column_and_a_silent_one_is_name
     ``algorithm.gdpo_reward_keys``). The errored item has no entries (``None``); it used to stop
     the trainer with ``float(None)``. Now it counts 0.0, as its score does; an item that scored
     but left the entry out is refused with a message naming the key and the item."""
-    from hybridflow.workers.reward import REWARD_ERROR, REWARD_TIMEOUT, scored_extra_floats
+    from hybridflow.reward import REWARD_ERROR, REWARD_TIMEOUT, scored_extra_floats
 
     info = {"acc": [1.0, None, None, True], REWARD_ERROR: [0.0, 1.0, 0.0, 0.0], REWARD_TIMEOUT: [0.0, 0.0, 1.0, 0.0]}
     assert scored_extra_floats(info, "acc", "filter") == [1.0, 0.0, 0.0, 1.0]

@@ -12,9 +12,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from hybridflow.inference.engine import GenerationEngine
+from hybridflow.inference.generation_engine import GenerationEngine
 from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer
-from hybridflow.server.app import ServerState, build_app
+from hybridflow.server.app import build_app
+from hybridflow.server.state import ServerState
 from hybridflow.server.text import TextCodec
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridflow.inference.continuous import ContinuousBatcher, GenRequest
+from hybridflow.inference.batcher_types import GenRequest
+from hybridflow.inference.continuous import ContinuousBatcher
 from hybridflow.inference.decoders import build_decoder
 from hybridflow.inference.generation import generate
-from hybridflow.inference.sampling import NonFiniteLogitsError, SamplingParams
+from hybridflow.inference.sampling import GenerationParams, NonFiniteLogitsError
 from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 PAD, VOCAB = 0, 32
@@ -82,8 +83,8 @@ class ChainDecoder:
         self.state = torch.empty(0, 2, dtype=torch.long)
 
 
-def greedy(max_new: int, n: int = 1, stops: tuple[int, ...] = (), ignore_eos: bool = False) -> SamplingParams:
-    return SamplingParams(max_new_tokens=max_new, do_sample=False, n=n, stop_token_ids=stops, ignore_eos=ignore_eos)
+def greedy(max_new: int, n: int = 1, stops: tuple[int, ...] = (), ignore_eos: bool = False) -> GenerationParams:
+    return GenerationParams(max_new_tokens=max_new, do_sample=False, n=n, stop_token_ids=stops, ignore_eos=ignore_eos)
 
 
 def run_all(batcher: ContinuousBatcher, arrivals: dict[int, list[GenRequest]], max_steps: int = 100) -> dict:
@@ -257,7 +258,7 @@ class PoisonDecoder(ChainDecoder):
         return logits
 
 
-@pytest.mark.parametrize("params", [greedy(4), SamplingParams(max_new_tokens=4, temperature=1.0)],
+@pytest.mark.parametrize("params", [greedy(4), GenerationParams(max_new_tokens=4, temperature=1.0)],
                          ids=["greedy", "sampled"])
 def test_non_finite_logits_fail_only_the_request_they_belong_to(params):
     # Same settings and the batcher's shared generator: the three rows are sampled as one group.
@@ -318,7 +319,7 @@ def _ids(tokenizer, text: str) -> tuple[int, ...]:
     return tuple(tokenizer(text)["input_ids"])
 
 
-def _alone(decoder, prompt: tuple[int, ...], params: SamplingParams) -> list[int]:
+def _alone(decoder, prompt: tuple[int, ...], params: GenerationParams) -> list[int]:
     ids = torch.tensor([prompt])
     mask = torch.ones_like(ids)
     out = generate(decoder, ids, mask, mask.cumsum(1) - 1, params, PAD)
@@ -338,7 +339,7 @@ def test_joined_greedy_output_equals_the_sampler_run_alone(tiny):
 
 def test_a_seeded_request_samples_the_same_with_or_without_company(tiny):
     _, tokenizer, decoder = tiny
-    sampled = SamplingParams(max_new_tokens=10, temperature=1.0, top_k=50)
+    sampled = GenerationParams(max_new_tokens=10, temperature=1.0, top_k=50)
     request = GenRequest(_ids(tokenizer, "Hi"), sampled, seed=123)
     alone = run_all(ContinuousBatcher(decoder, tokenizer.pad_token_id), {0: [request]})
     crowd = [GenRequest(_ids(tokenizer, "What is 7 + 5?"), sampled), request, GenRequest(_ids(tokenizer, "x"), sampled)]

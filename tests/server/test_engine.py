@@ -8,13 +8,18 @@ import threading
 import pytest
 import torch
 
-from hybridflow.inference.continuous import GenRequest
+from hybridflow.inference.batcher_types import GenRequest
 from hybridflow.inference.decoders import build_decoder
-from hybridflow.inference.engine import GenerationEngine, GenerationFailed, RequestCancelled
+from hybridflow.inference.engine_queue import GenerationFailed, RequestCancelled
 from hybridflow.inference.generation import generate
-from hybridflow.inference.sampling import NonFiniteLogitsError, SamplingParams
+from hybridflow.inference.generation_engine import GenerationEngine
+from hybridflow.inference.sampling import GenerationParams, NonFiniteLogitsError
 from hybridflow.inference.weights import WeightsRejected
-from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_model
+from hybridflow.models.tiny import (
+    build_tiny_model,
+    build_tiny_tokenizer,
+    save_tiny_model,
+)
 
 TIMEOUT_S = 60
 
@@ -31,8 +36,8 @@ def engine():
     eng.shutdown()
 
 
-def _greedy(n_tokens: int) -> SamplingParams:
-    return SamplingParams(max_new_tokens=n_tokens, do_sample=False, ignore_eos=True)
+def _greedy(n_tokens: int) -> GenerationParams:
+    return GenerationParams(max_new_tokens=n_tokens, do_sample=False, ignore_eos=True)
 
 
 def _alone(model, prompt: list[int], n_tokens: int) -> list[int]:
@@ -107,7 +112,7 @@ def test_a_model_with_nan_weights_fails_each_request_with_a_clear_error():
     eng = GenerationEngine(model, tokenizer.pad_token_id)
     eng.start()
     try:
-        for params in (_greedy(3), SamplingParams(max_new_tokens=3, temperature=0.7, top_p=0.9)):
+        for params in (_greedy(3), GenerationParams(max_new_tokens=3, temperature=0.7, top_p=0.9)):
             with pytest.raises(NonFiniteLogitsError, match="non-finite logits .* the model is broken"):
                 eng.submit(GenRequest((5, 6), params)).result(TIMEOUT_S)
         assert eng.metrics()["engine_alive"] and eng.metrics()["requests_failed"] == 2

@@ -11,15 +11,17 @@ import json
 import pytest
 import torch
 
+from hybridflow.inference.batcher_types import GenRequest
 from hybridflow.inference.client import InProcessClient
-from hybridflow.inference.continuous import GenRequest
-from hybridflow.inference.engine import GenerationEngine, RequestRefused
+from hybridflow.inference.engine_queue import RequestRefused
+from hybridflow.inference.generation_engine import GenerationEngine
 from hybridflow.inference.protocol import SamplingParams
-from hybridflow.inference.sampling import SamplingParams as BatcherSampling
+from hybridflow.inference.sampling import GenerationParams
 from hybridflow.inference.weight_transfer import bucket_to_bytes
 from hybridflow.inference.weights import WeightsRejected
 from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer
-from hybridflow.server.app import ServerState, build_app
+from hybridflow.server.app import build_app
+from hybridflow.server.state import ServerState
 from hybridflow.server.text import TextCodec
 
 from .test_app import asgi_post
@@ -77,7 +79,7 @@ def test_level_two_is_refused_for_a_borrowed_module(tokenizer):
 def test_abort_all_hands_back_every_response_of_a_request(tokenizer):
     engine = _engine(tokenizer)
     try:
-        params = BatcherSampling(max_new_tokens=600, temperature=1.0, do_sample=True, n=3)
+        params = GenerationParams(max_new_tokens=600, temperature=1.0, do_sample=True, n=3)
         future = engine.submit(GenRequest((5, 6, 7), params, seed=1))
         while engine.batcher.stats.tokens_generated < 9:
             pass

@@ -11,7 +11,11 @@ import pydantic
 import pytest
 
 from hybridflow.server.checks import BadRequest, ServerLimits, check_text
-from hybridflow.server.schemas import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from hybridflow.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+)
 from hybridflow.server.security import (
     ANY_IP,
     BodyTooLarge,

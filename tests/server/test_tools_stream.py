@@ -18,8 +18,8 @@ import openai
 import pytest
 
 from hybridflow.agent.parsers import get_tool_parser
-from hybridflow.inference.continuous import SampleOutput
-from hybridflow.server.app import _chat_prompt, build_app
+from hybridflow.inference.batcher_types import SampleOutput
+from hybridflow.server.chat import _chat_prompt
 from hybridflow.server.responses import chat_message
 from hybridflow.server.schemas import ChatCompletionRequest
 from hybridflow.server.streaming import IncrementalText

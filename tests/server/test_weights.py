@@ -6,8 +6,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hybridflow.inference.weights import WeightsRejected, folder_under_root, load_weights_from_folder
-from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_model
+from hybridflow.inference.weights import (
+    WeightsRejected,
+    folder_under_root,
+    load_weights_from_folder,
+)
+from hybridflow.models.tiny import (
+    build_tiny_model,
+    build_tiny_tokenizer,
+    save_tiny_model,
+)
 
 
 @pytest.fixture(scope="module")

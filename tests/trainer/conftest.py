@@ -41,7 +41,7 @@ def cut_then_resume(
     """``train()`` stopped by a KeyboardInterrupt as ``trainer_cls.method`` (default
     ``PPOTrainer.step``) runs at global step ``stop_at`` (a simulated crash), then ``train()``
     again unpatched (the resume); returns its result."""
-    from hybridflow.trainer.ppo_trainer import PPOTrainer
+    from hybridflow.trainer.core import PPOTrainer
 
     cls = trainer_cls if trainer_cls is not None else PPOTrainer
     original = getattr(cls, method)

@@ -3,7 +3,7 @@ scores the probability it gave that token: proves the address reached the scorer
 
 import math
 
-from hybridflow.workers.reward.judge import chat_completion
+from hybridflow.reward.judge import chat_completion
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, reward_router_address=None, **kwargs):

@@ -21,7 +21,11 @@ import pytest
 import torch
 
 from hybridflow import fields as F
-from hybridflow.config.actor_rollout_ref import AgentConfig, MultiTurnConfig, RolloutConfig
+from hybridflow.config.actor_rollout_ref import (
+    AgentConfig,
+    MultiTurnConfig,
+    RolloutConfig,
+)
 from hybridflow.inference.protocol import TokenOutput
 from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer
 from hybridflow.protocol import DataProto
@@ -74,12 +78,12 @@ def _config(response_length: int = 12, **multi_turn: Any) -> RolloutConfig:
 def test_single_turn_agent_equals_the_torch_rollout_under_greedy(model, tokenizer):
     cfg = _config()
     plain = TorchRollout(cfg, model, tokenizer).generate_sequences(_prompts(tokenizer))
-    agent = AgentLoopRollout(cfg, model, tokenizer).generate_sequences(_prompts(tokenizer))
+    agent, metrics = AgentLoopRollout(cfg, model, tokenizer).generate_with_metrics(_prompts(tokenizer))
     for key in (F.PROMPTS, F.RESPONSES, F.INPUT_IDS, F.ATTENTION_MASK, F.POSITION_IDS, F.RESPONSE_MASK):
         assert torch.equal(plain.batch[key].long(), agent.batch[key].long()), key
     torch.testing.assert_close(plain.batch[F.ROLLOUT_LOG_PROBS], agent.batch[F.ROLLOUT_LOG_PROBS], rtol=0, atol=1e-5)
     assert agent.non_tensor_batch["__num_turns__"].tolist() == [2] * len(QUESTIONS)
-    assert agent.meta_info["metrics"]["num_turns/mean"] == 2.0
+    assert metrics["num_turns/mean"] == 2.0 and "metrics" not in agent.meta_info
 
 
 def test_sampled_agent_rollouts_repeat_exactly_for_the_same_seed(model, tokenizer):
@@ -99,8 +103,8 @@ def test_sampled_agent_rollouts_repeat_exactly_for_the_same_seed(model, tokenize
 
 def test_plain_path_when_multi_turn_is_off_and_no_agent_name(model, tokenizer):
     cfg = replace(_config(), multi_turn=MultiTurnConfig())
-    out = AgentLoopRollout(cfg, model, tokenizer).generate_sequences(_prompts(tokenizer))
-    assert "__num_turns__" not in out.non_tensor_batch and "metrics" not in out.meta_info
+    out, metrics = AgentLoopRollout(cfg, model, tokenizer).generate_with_metrics(_prompts(tokenizer))
+    assert "__num_turns__" not in out.non_tensor_batch and "metrics" not in out.meta_info and metrics == {}
     prompts = _prompts(tokenizer)
     names = np.empty(len(QUESTIONS), dtype=object)
     names[:] = ["single_turn_agent", None, None, "single_turn_agent"]
@@ -192,12 +196,12 @@ def test_tool_tokens_are_masked_and_carry_no_loss(model, tokenizer, calculator_y
     _force_tool_calls(monkeypatch, tokenizer, use_model=False)
     cfg = _config(response_length=128, default_agent_loop="tool_agent", tool_config_path=str(calculator_yaml))
     rows = _prompts(tokenizer, QUESTIONS * 2, width=640)  # 8 rows: one mini-batch of make_config
-    out = AgentLoopRollout(cfg, model, tokenizer).generate_sequences(rows)
+    out, rollout_metrics = AgentLoopRollout(cfg, model, tokenizer).generate_with_metrics(rows)
     call_len = len(ForcedToolCall(tokenizer).call_ids)
     _check_tool_holes(out, tokenizer, call_len)
     assert out.non_tensor_batch["__num_turns__"].tolist() == [4] * 8  # user, call, tool, answer
     assert out.non_tensor_batch["tool_call_counts"].tolist() == [1] * 8
-    assert out.meta_info["metrics"]["tool_call_counts/mean"] == 1.0
+    assert rollout_metrics["tool_call_counts/mean"] == 1.0
 
     def actor():
         worker = ActorWorker(make_config().actor_rollout_ref, share_name=None)
@@ -227,7 +231,7 @@ def test_tool_tokens_are_masked_and_carry_no_loss(model, tokenizer, calculator_y
             return real_step()
 
         monkeypatch.setattr(worker.engine, "optimizer_step", capture_then_step)
-        metrics = worker.update_actor(batch).meta_info["metrics"]
+        metrics = worker.update_actor(batch)
         grads.append((captured, metrics["actor/pg_loss"]))
     (g0, loss0), (g1, loss1) = grads
     assert g0 and g0.keys() == g1.keys()
@@ -244,20 +248,20 @@ def test_grpo_run_with_tool_agent_trains_and_validates(tiny_task_dir, tiny_model
     """``distill``: on-policy distillation (the teacher's per-token reward folded into the
     advantage) through the same tool loops: tool tokens get no reward and no loss."""
     from hybridflow.config import load_config
-    from hybridflow.trainer.main_ppo import build_trainer
-    from hybridflow.trainer.ppo_trainer import PPOTrainer
+    from hybridflow.entrypoints.train import build_trainer
+    from hybridflow.trainer.phases import PolicyUpdate
 
     tok = build_tiny_tokenizer()
     _force_tool_calls(monkeypatch, tok, use_model=True)  # first turn a calculator call, then the tiny model
     seen: list[DataProto] = []
-    real_adv = PPOTrainer.compute_advantage
+    real_adv = PolicyUpdate.compute_advantage
 
     def record(self, batch):
         out = real_adv(self, batch)
         seen.append(batch)
         return out
 
-    monkeypatch.setattr(PPOTrainer, "compute_advantage", record)
+    monkeypatch.setattr(PolicyUpdate, "compute_advantage", record)
     import hybridflow.workers.rollout.agent_loop as agent_loop_module
 
     contexts: list[dict] = []
@@ -310,7 +314,7 @@ def test_agent_loop_on_two_ray_ranks(ray_session, tiny_task_dir, tiny_model_dir,
     """Two Ray ranks (FSDP, gloo): each rank's rollout runs its rows' tool loops (inside a Ray
     actor, whose thread may already run an event loop) and samples from its refreshed full copy."""
     from hybridflow.config import load_config
-    from hybridflow.trainer.main_ppo import run
+    from hybridflow.entrypoints.train import run
 
     run_dir = tmp_path / "run"
     cfg = load_config(None, tiny_overrides(

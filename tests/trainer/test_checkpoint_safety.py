@@ -21,11 +21,11 @@ from hybridflow.data import write_rows
 from hybridflow.data.tasks import ArithmeticSettings, generate_arithmetic
 from hybridflow.data.tasks.arithmetic_sft import add_responses
 from hybridflow.engine.checkpoint import CheckpointFileError
+from hybridflow.entrypoints.sft import build_sft_trainer
+from hybridflow.entrypoints.sft import main as sft_main
+from hybridflow.entrypoints.train import build_trainer
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer import checkpoint_upgrade
-from hybridflow.trainer.main_ppo import build_trainer
-from hybridflow.trainer.main_sft import build_sft_trainer
-from hybridflow.trainer.main_sft import main as sft_main
 
 from ..engine.test_checkpoint_safety import Payload, plant
 from .conftest import tiny_overrides

@@ -12,10 +12,9 @@ import pytest
 import torch
 
 from hybridflow.config import ConfigError, load_config
+from hybridflow.entrypoints.train import run
 from hybridflow.models.tiny import save_tiny_model
-from hybridflow.trainer.main_ppo import run
-from hybridflow.trainer.ppo_trainer import PPOTrainer
-
+from hybridflow.trainer.phases import PolicyUpdate
 from tests.numerics import TINY_DEPTH, TINY_WIDTH, assert_close_across
 
 from .conftest import cut_then_resume, tiny_overrides
@@ -92,14 +91,14 @@ def test_folded_reward_is_the_teachers_log_ratio_per_token(
 ):
     """A = w·A_task + c·(ℓ_teacher − ℓ_old) on response tokens, 0 on padding (k1, w = 0.5, c = 2)."""
     seen = []
-    original = PPOTrainer.update_actor
+    original = PolicyUpdate.update_actor
 
     def spy(self, batch):
         seen.append({k: batch.batch[k].clone() for k in ("advantages", "old_log_probs", "teacher_log_prob",
                                                          "response_mask", "token_level_rewards")})
         return original(self, batch)
 
-    monkeypatch.setattr(PPOTrainer, "update_actor", spy)
+    monkeypatch.setattr(PolicyUpdate, "update_actor", spy)
     _train(tiny_task_dir, tmp_path / "run", tiny_model_dir, "trainer.total_training_steps=2",
            *_distill(other_teacher_dir, "distillation.distillation_loss.loss_mode=k1",
                      "distillation.reward_weight=0.5", "distillation.distillation_loss.distillation_loss_coef=2",

@@ -11,9 +11,9 @@ import torch
 
 from hybridflow import fields as F
 from hybridflow.config import load_config
+from hybridflow.entrypoints.train import run
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.dynamic_sampling import response_metric, varied_group_rows
-from hybridflow.trainer.main_ppo import run
+from hybridflow.trainer.filters import response_metric, varied_group_rows
 
 from .conftest import tiny_overrides
 
@@ -93,12 +93,12 @@ def test_gives_up_after_max_num_gen_batches_with_a_clear_error(tiny_task_dir, tm
 
 
 def test_seq_final_reward_with_kl_in_reward_is_refused(tiny_task_dir, tmp_path, tiny_model_dir):
-    cfg = load_config(None, tiny_overrides(
-        tiny_task_dir, tmp_path / "run", tiny_model_dir, "algorithm.filter_groups.enable=true",
-        "algorithm.filter_groups.metric=seq_final_reward", "algorithm.use_kl_in_reward=true",
-    ))
+    # refused when the config loads (a config rule; ConfigError is a ValueError)
     with pytest.raises(ValueError, match="seq_final_reward needs the in-reward KL"):
-        run(cfg)
+        run(load_config(None, tiny_overrides(
+            tiny_task_dir, tmp_path / "run", tiny_model_dir, "algorithm.filter_groups.enable=true",
+            "algorithm.filter_groups.metric=seq_final_reward", "algorithm.use_kl_in_reward=true",
+        )))
 
 
 def test_larger_generation_batches_train_on_train_batch_size_groups(tiny_task_dir, tmp_path, tiny_model_dir):

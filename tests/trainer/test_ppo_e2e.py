@@ -11,7 +11,7 @@ import torch
 
 from hybridflow.algorithms.advantages import ADV_ESTIMATORS
 from hybridflow.config import load_config
-from hybridflow.trainer.main_ppo import build_trainer, run
+from hybridflow.entrypoints.train import build_trainer, run
 
 from .conftest import cut_then_resume, tiny_overrides
 
@@ -149,7 +149,7 @@ GSM8K_ROWS = [
 def test_verl_gsm8k_quickstart_command_line(tmp_path, tiny_model_dir):
     """verl's GSM8K GRPO quickstart overrides (the CPU-applicable ones) run unchanged."""
     from hybridflow.data.io import write_rows
-    from hybridflow.data.__main__ import main as data_main
+    from hybridflow.entrypoints.data import main as data_main
 
     raw = tmp_path / "raw"
     raw.mkdir()
@@ -158,7 +158,7 @@ def test_verl_gsm8k_quickstart_command_line(tmp_path, tiny_model_dir):
     out = tmp_path / "gsm8k"
     assert data_main(["gsm8k", "--out", str(out), "--train", str(raw / "train.jsonl"),
                       "--test", str(raw / "test.jsonl")]) == 0
-    from hybridflow.trainer.main_ppo import main
+    from hybridflow.entrypoints.train import main
 
     argv = [
         "algorithm.adv_estimator=grpo",

@@ -16,10 +16,10 @@ from safetensors.torch import load_file
 from hybridflow.config import load_config
 from hybridflow.controller import WorkerError
 from hybridflow.engine import TorchEngine
+from hybridflow.entrypoints.train import build_trainer
 from hybridflow.inference import generation
 from hybridflow.trainer import checkpoint as ckpt
-from hybridflow.trainer.main_ppo import build_trainer
-from hybridflow.trainer.ppo_trainer import PPOTrainer
+from hybridflow.trainer.core import PPOTrainer
 
 from .conftest import tiny_overrides
 
@@ -64,9 +64,9 @@ class Phase:
 def _track_step(monkeypatch: pytest.MonkeyPatch) -> None:
     original = PPOTrainer.step
 
-    def step(self, batch, more_batches=None):
+    def step(self, prompts=None):
         Phase.step = self.global_steps
-        return original(self, batch, more_batches)
+        return original(self, prompts)
 
     monkeypatch.setattr(PPOTrainer, "step", step)
 
@@ -140,7 +140,7 @@ def _config(task_dir: Path, run_dir: Path, model_dir: Path, *extra: str):
 
 
 def run(config) -> None:
-    """``main_ppo.run`` without drawing the curves (a third of a tiny run's time)."""
+    """``hybridflow.entrypoints.train.run`` without drawing the curves (a third of a tiny run's time)."""
     trainer = build_trainer(config)
     try:
         trainer.fit()

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from hybridflow.config import load_config
+from hybridflow.entrypoints.train import run
 from hybridflow.models.reward_model import reward_model_from_lm
-from hybridflow.trainer.main_ppo import run
 
 from .conftest import tiny_overrides
 
@@ -75,5 +75,5 @@ def test_a_served_judge_is_asked_by_the_custom_reward_function(tiny_task_dir, tm
     assert rows[0]["reward/errors"] == 0.0 and rows[0]["reward/timeouts"] == 0.0
     assert 0.0 < rows[0]["critic/score/mean"] <= 1.0  # a probability from the judge, for every row
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()
-            and "hybridflow.server.main" in " ".join(p.cmdline())]
+            and "hybridflow.entrypoints.serve" in " ".join(p.cmdline())]
     assert not left

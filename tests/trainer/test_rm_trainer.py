@@ -18,16 +18,26 @@ from hybridflow.config.rm import RMConfig
 from hybridflow.config.rm_rules import load_rm_config
 from hybridflow.config.spec import iter_leaves
 from hybridflow.data import collate_fn, write_rows
-from hybridflow.data.__main__ import build_parser
 from hybridflow.data.pair_dataset import PairDataset
 from hybridflow.data.tasks import TASKS
 from hybridflow.engine import MicroBatchSpec
 from hybridflow.engine.torch_engine import TorchEngine
-from hybridflow.models.reward_model import last_token_scores, load_reward_model, reward_model_from_lm
+from hybridflow.entrypoints.data import build_parser
+from hybridflow.entrypoints.rm import build_rm_trainer, main
+from hybridflow.models.reward_model import (
+    last_token_scores,
+    load_reward_model,
+    reward_model_from_lm,
+)
 from hybridflow.trainer.checkpoint import LATEST_FILE
-from hybridflow.trainer.main_rm import build_rm_trainer, main
-from hybridflow.trainer.rm_loss import CHOSEN_REWARDS, REJECTED_REWARDS, bradley_terry_loss, pair_rewards, rm_loss
-from hybridflow.trainer.rm_trainer import HF_FOLDER, MODEL_DIR, to_tensordict
+from hybridflow.trainer.supervised.rm_loss import (
+    CHOSEN_REWARDS,
+    REJECTED_REWARDS,
+    bradley_terry_loss,
+    pair_rewards,
+    rm_loss,
+)
+from hybridflow.trainer.supervised.rm_trainer import HF_FOLDER, MODEL_DIR, to_tensordict
 from tests.numerics import TINY_DEPTH, TINY_WIDTH, assert_close_across
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -203,7 +213,7 @@ def test_bad_keys_are_refused(override, message):
 
 def test_every_key_is_read_by_the_trainer():
     sources = " ".join((ROOT / "hybridflow" / f).read_text() for f in (
-        "trainer/main_rm.py", "trainer/rm_trainer.py", "trainer/supervised_loop.py", "config/rm_rules.py", "config/sft_rules.py",
+        "entrypoints/rm.py", "trainer/supervised/rm_trainer.py", "trainer/supervised/base.py", "config/rm_rules.py", "config/sft_rules.py",
         "workers/engine_factory.py"))
     unread = [path for path, _, _ in iter_leaves(RMConfig) if f".{path.rpartition('.')[2]}" not in sources]
     assert unread == []

@@ -12,8 +12,8 @@ import torch
 from hybridflow import fields as F
 from hybridflow.algorithms.policy_losses import get_policy_loss_fn
 from hybridflow.config import load_config
+from hybridflow.entrypoints.train import run
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.main_ppo import run
 from hybridflow.trainer.rollout_correction import (
     apply_decoupled_correction,
     correction_mode,

@@ -13,8 +13,13 @@ from tensordict import TensorDict
 
 from hybridflow.data.sft_dataset import LOSS_MASK, right_pad
 from hybridflow.engine import MicroBatchSpec, TorchEngine
-from hybridflow.trainer.sft_loss import LOG_PROBS, masked_nll_sum, sft_loss, token_log_probs
-from hybridflow.trainer.sft_trainer import to_tensordict
+from hybridflow.trainer.supervised.sft_loss import (
+    LOG_PROBS,
+    masked_nll_sum,
+    sft_loss,
+    token_log_probs,
+)
+from hybridflow.trainer.supervised.sft_trainer import to_tensordict
 
 LN2 = math.log(2.0)
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from hybridflow.config import load_sft_config
 from hybridflow.data import write_rows
 from hybridflow.data.tasks import ArithmeticSettings, generate_arithmetic
 from hybridflow.data.tasks.arithmetic_sft import add_responses
+from hybridflow.entrypoints.sft import build_sft_trainer, main
 from hybridflow.models import load_model_and_tokenizer
 from hybridflow.trainer.checkpoint import CONTROLLER_STATE, LATEST_FILE, MANIFEST_FILE
-from hybridflow.trainer.main_sft import build_sft_trainer, main
-from hybridflow.config import load_sft_config
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +190,7 @@ def test_cli_runs_and_reports_bad_config_and_bad_data(tiny_model_dir, sft_files,
 
 def test_grpo_starts_from_the_sft_hf_folder(tiny_model_dir, sft_files, tiny_task_dir, tmp_path):
     from hybridflow.config import load_config
-    from hybridflow.trainer.main_ppo import run as run_ppo
+    from hybridflow.entrypoints.train import run as run_ppo
 
     from .conftest import tiny_overrides
 

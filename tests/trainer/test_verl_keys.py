@@ -11,12 +11,11 @@ import pytest
 import torch
 
 from hybridflow import fields as F
-from hybridflow.config import ConfigError, load_config
+from hybridflow.config import ConfigError, PFPPOConfig, load_config
+from hybridflow.entrypoints.train import build_trainer, run
 from hybridflow.protocol import DataProto
-from hybridflow.trainer.main_ppo import build_trainer, run
-from hybridflow.trainer.pf_ppo import pf_ppo_resample
 from hybridflow.trainer import checkpoint as ckpt
-from hybridflow.config import PFPPOConfig
+from hybridflow.trainer.pf_ppo import pf_ppo_resample
 
 from .conftest import tiny_overrides
 
@@ -58,7 +57,7 @@ def test_calculate_log_probs_keeps_or_drops_the_samplers_log_probs(tiny_task_dir
         trainer = build_trainer(cfg)
         try:
             batch = DataProto.from_single_dict(next(iter(trainer.train_loader)))
-            out = trainer.generate(trainer.prepare(batch, 2))
+            out, _ = trainer.producer.generate(trainer.producer.prepare(batch, 2, step=1), trainer.producer.sampling_meta(1))
         finally:
             trainer.close()
         assert (F.ROLLOUT_LOG_PROBS in out.batch.keys()) is keep
@@ -143,8 +142,8 @@ def test_loader_speed_knob_is_ignored_with_a_warning(tiny_task_dir, tmp_path, ti
 
 
 def test_reward_model_num_workers_reaches_every_manager(tiny_task_dir, tmp_path, tiny_model_dir):
+    from hybridflow.entrypoints.train import build_reward_fns
     from hybridflow.models import load_tokenizer
-    from hybridflow.trainer.main_ppo import build_reward_fns
 
     tokenizer = load_tokenizer(tiny_model_dir)
     for manager_name in ("naive", "dapo", "prime"):

@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
 from hybridflow.config import load_config
-from hybridflow.trainer.main_ppo import run
+from hybridflow.entrypoints.train import run
 
 from .conftest import cut_then_resume, tiny_overrides
 

@@ -14,7 +14,7 @@ from peft import LoraConfig, get_peft_model
 
 from hybridflow.engine import FSDPEngine, TorchEngine
 from hybridflow.inference.client import HttpClient, InProcessClient
-from hybridflow.inference.engine import GenerationEngine
+from hybridflow.inference.generation_engine import GenerationEngine
 from hybridflow.inference.protocol import SamplingParams
 from hybridflow.inference.weights import WeightsRejected
 from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer
@@ -163,7 +163,8 @@ def test_engine_target_drains_running_requests_before_swapping(tokenizer):
 @pytest.fixture
 def server(tokenizer, tmp_path) -> Iterator[tuple[str, GenerationEngine]]:
     pytest.importorskip("fastapi")
-    from hybridflow.server.app import ServerState, build_app
+    from hybridflow.server.app import build_app
+    from hybridflow.server.state import ServerState
     from hybridflow.server.text import TextCodec
 
     engine = GenerationEngine(build_tiny_model(tokenizer, seed=0), tokenizer.pad_token_id, owns_weights=True)

@@ -48,6 +48,20 @@ def test_compute_log_prob_matches_a_direct_forward(make_config, make_rollout_bat
     assert (out.batch[FK.ENTROPYS][b[FK.RESPONSE_MASK] == 1] > 0).all()
 
 
+def test_sum_pi_squared_is_an_explicit_option_of_compute_log_prob(make_config, make_rollout_batch) -> None:
+    worker = _actor(make_config("actor_rollout_ref.rollout.temperature=0.5"))
+    data = make_rollout_batch(seed=0)
+    assert FK.SUM_PI_SQUARED not in worker.compute_log_prob(data).batch.keys()
+    out = worker.compute_log_prob(data, calculate_sum_pi_squared=True)
+    assert "calculate_sum_pi_squared" not in data.meta_info and "calculate_sum_pi_squared" not in out.meta_info
+    b = data.batch
+    with torch.no_grad():
+        logits = worker.module(input_ids=b[FK.INPUT_IDS], attention_mask=b[FK.ATTENTION_MASK],
+                               position_ids=b[FK.POSITION_IDS]).logits[:, -6:-1] / 0.5
+    expected = torch.softmax(logits, -1).square().sum(-1) * b[FK.RESPONSE_MASK]
+    torch.testing.assert_close(out.batch[FK.SUM_PI_SQUARED], expected, rtol=0, atol=1e-5)
+
+
 MICRO_4 = ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",)  # 2 × 4 instead of 1 × 8
 
 
@@ -79,9 +93,8 @@ def test_update_metrics_have_verl_names_and_split_invariant_values(make_config, 
     overrides = ("actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.use_kl_loss=true")
     data.union(_actor(make_config(*overrides)).compute_log_prob(data).select(batch_keys=[FK.OLD_LOG_PROBS]))
     data.batch[FK.REF_LOG_PROB] = data.batch[FK.OLD_LOG_PROBS] - 0.1 * data.batch[FK.RESPONSE_MASK]
-    whole = _actor(make_config(*overrides)).update_actor(data).meta_info["metrics"]
+    whole = _actor(make_config(*overrides)).update_actor(data)
     split = _actor(make_config(*overrides, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")).update_actor(data)
-    split = split.meta_info["metrics"]
     keys = ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss",
             "actor/grad_norm", "actor/lr", "actor/pg_clipfrac_lower")
     # a micro-batch split re-orders the sums over tokens (and the kernels under them): fp32 tolerance
@@ -124,7 +137,7 @@ def test_mini_batches_and_epochs_count_optimizer_steps(make_config, make_rollout
     steps = []
     real_step = worker.engine.optimizer_step
     monkeypatch.setattr(worker.engine, "optimizer_step", lambda: steps.append(1) or real_step())
-    metrics = worker.update_actor(data).meta_info["metrics"]
+    metrics = worker.update_actor(data)
     assert len(steps) == 8
     assert metrics["actor/ppo_kl"] != 0.0  # later steps see a moved policy
 

@@ -33,17 +33,17 @@ def test_update_lowers_the_value_loss(make_config, make_rollout_batch) -> None:
     losses = []
     for _ in range(6):
         data.batch[FK.VALUES] = critic.compute_values(data).batch[FK.VALUES]
-        losses.append(critic.update_critic(data).meta_info["metrics"]["critic/vf_loss"])
+        losses.append(critic.update_critic(data)["critic/vf_loss"])
     assert losses[-1] < 0.5 * losses[0], losses
 
 
 def test_metrics_are_split_invariant(make_config, make_rollout_batch) -> None:
     data = make_rollout_batch(seed=2)
     base = ("algorithm.adv_estimator=gae", "critic.cliprange_value=0.05")
-    whole = _critic(make_config(*base)).update_critic(data).meta_info["metrics"]
-    split = _critic(make_config(*base, "critic.ppo_micro_batch_size_per_gpu=2")).update_critic(data).meta_info["metrics"]
+    whole = _critic(make_config(*base)).update_critic(data)
+    split = _critic(make_config(*base, "critic.ppo_micro_batch_size_per_gpu=2")).update_critic(data)
     tokens = _critic(make_config(*base, "critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=22"))
-    tokens = tokens.update_critic(data).meta_info["metrics"]
+    tokens = tokens.update_critic(data)
     keys = ("critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/vpred_mean")
     # micro-batch and token-budget splits re-order the sums: fp32 tolerance of the tiny model
     for name, other in (("micro-batches of 2", split), ("token budget", tokens)):

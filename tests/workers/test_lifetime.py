@@ -16,9 +16,13 @@ import pytest
 import torch
 
 from hybridflow.config import load_config
+from hybridflow.entrypoints.train import build_trainer
 from hybridflow.inference import projections
-from hybridflow.inference.projections import Projection, optimizer_step_watch, packing_available
-from hybridflow.trainer.main_ppo import build_trainer
+from hybridflow.inference.projections import (
+    Projection,
+    optimizer_step_watch,
+    packing_available,
+)
 from hybridflow.workers.shared_policy import (
     DEFAULT_SHARE_NAME,
     SharedPolicy,
@@ -74,7 +78,7 @@ def test_closed_trainers_release_model_and_optimizer(tiny_task_dir, tiny_model_d
         if packing_available(torch.device("cpu"), torch.float32):  # the rollout samples from packed copies
             watchers, counted = optimizer_step_watch()
             assert watchers > watch_before[0] and counted > watch_before[1]
-        scorer_pids = trainer.reward_fn.scorer_pids()
+        scorer_pids = trainer.producer.reward_fn.scorer_pids()
         assert scorer_pids
         del shared
         if i == 2:  # a logger failing to flush still lets close() release the run

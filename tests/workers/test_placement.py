@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 
 from hybridflow import fields as FK
-from hybridflow.controller import ClassWithInitArgs, Dispatch, LocalWorkerGroup, ResourcePool, Worker, register
+from hybridflow.controller import (
+    ClassWithInitArgs,
+    Dispatch,
+    LocalWorkerGroup,
+    ResourcePool,
+    Worker,
+    register,
+)
 from hybridflow.workers.placement import colocated_actor_rollout_ref
 from hybridflow.workers.shared_policy import lookup_policy, withdraw_policy
 
@@ -45,7 +52,7 @@ def test_colocated_roles_share_the_actor_module(make_config, make_rollout_batch)
         old = roles["actor"].compute_log_prob(data).batch[FK.OLD_LOG_PROBS]
         torch.testing.assert_close(ref, old, rtol=0, atol=1e-6)  # LoRA B = 0: actor == base at start
         [before] = roles["rollout"].weight_sum()
-        metrics = roles["actor"].update_actor(data).meta_info["metrics"]
+        metrics = roles["actor"].update_actor(data)
         assert metrics["actor/lr"] == [1e-2]  # one value per rank
         [after] = roles["rollout"].weight_sum()
         assert after != before  # the rollout sees the update at once: same module, no copy

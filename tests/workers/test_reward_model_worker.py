@@ -16,7 +16,7 @@ from hybridflow.data.pair_dataset import render_for_reward
 from hybridflow.models import load_tokenizer
 from hybridflow.models.reward_model import last_token_scores, load_reward_model, reward_model_from_lm
 from hybridflow.protocol import DataProto
-from hybridflow.workers.reward.model import RewardModelWorker
+from hybridflow.workers.reward_model import RewardModelWorker
 
 OTHER_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] | upper }}: {{ m['content'] }}\n{% endfor %}"

@@ -38,9 +38,7 @@ def group_mean_std(scores: torch.Tensor, index: GroupIndex) -> tuple[torch.Tenso
     return mean, std
 
 
-def grpo_scalar(
-    scores: torch.Tensor, index: GroupIndex, epsilon: float, norm_adv_by_std_in_grpo: bool
-) -> torch.Tensor:
+def grpo_scalar(scores: torch.Tensor, index: GroupIndex, epsilon: float, norm_adv_by_std_in_grpo: bool) -> torch.Tensor:
     """(s_i − μ_g)/(σ_g + ε), or s_i − μ_g without std normalisation; (B,)."""
     mean, std = group_mean_std(scores, index)
     if norm_adv_by_std_in_grpo:
@@ -71,9 +69,7 @@ def compute_grpo_outcome_advantage(
     return advantages, advantages
 
 
-def _scatter_group_stats(
-    scores: torch.Tensor, index: GroupIndex
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _scatter_group_stats(scores: torch.Tensor, index: GroupIndex) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-row μ_g, σ_g = sqrt(max(var_g, 0)) and n_g computed with scatter ops (no Python loop)."""
     gidx, num_groups = group_ids(index, scores.shape[0], scores.device)
     count = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device).index_add_(

@@ -142,4 +142,3 @@ def compute_multi_turn_optimal_token_baseline_advantage(
         if n > 0:
             advantages[i, response_mask[i].bool()] = compact_advantages[i, :n]
     return advantages * response_mask, returns
-

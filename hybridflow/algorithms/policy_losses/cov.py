@@ -60,9 +60,7 @@ def compute_policy_loss_clip_cov(
     valid = response_mask > 0
     clipped_already = (loss_clipped > loss_unclipped) & valid
     with torch.no_grad():
-        cov = (advantages - masked_mean(advantages, response_mask)) * (
-            log_prob - masked_mean(log_prob, response_mask)
-        )
+        cov = (advantages - masked_mean(advantages, response_mask)) * (log_prob - masked_mean(log_prob, response_mask))
         candidates = (cov > clip_cov_lb) & (cov < clip_cov_ub) & valid & ~clipped_already
         candidate_idx = torch.nonzero(candidates)
         corr = torch.ones_like(advantages)

@@ -97,6 +97,4 @@ def zero_metric(like: torch.Tensor) -> torch.Tensor:
 
 def check_clip_ratios(clip_ratio_low: float, clip_ratio_high: float) -> None:
     if clip_ratio_low < 0 or clip_ratio_high < 0:
-        raise ValueError(
-            f"clip_ratio_low / clip_ratio_high must be >= 0, got {clip_ratio_low} / {clip_ratio_high}"
-        )
+        raise ValueError(f"clip_ratio_low / clip_ratio_high must be >= 0, got {clip_ratio_low} / {clip_ratio_high}")

@@ -1,14 +1,24 @@
 """Built-in tasks behind one registry: ``TASKS.get("arithmetic").build(args)``.
 
-Each task module holds its generator (callable from Python) and a :class:`TaskSpec` for the
-data CLI. The scorers live with the rewards (``hybridflow/workers/reward/scores/``) and are
-selected by each row's ``data_source``.
+Each task module holds its generator (callable from Python), a :class:`TaskSpec` for the
+data CLI and, for the tasks with a scorer of their own (arithmetic, countdown, gsm8k,
+tool-lookup), that scorer: ``compute_score(solution_str, ground_truth, extra_info)``. The reward
+side (``hybridflow/reward/scorers/``) registers each under the task's ``data_source``; the
+code tasks are scored by the generic sandboxed ``hybridflow/reward/scorers/code.py``. Helpers
+the scorers share live here too: ``answers.py`` (finding and comparing numbers in model output)
+and ``expr.py`` (the one safe arithmetic evaluator, also behind the calculator tool).
 """
 
 from __future__ import annotations
 
 from hybridflow.data.tasks import (
-    arithmetic, arithmetic_pairs, arithmetic_sft, code_functions, countdown, gsm8k, tool_lookup,
+    arithmetic,
+    arithmetic_pairs,
+    arithmetic_sft,
+    code_functions,
+    countdown,
+    gsm8k,
+    tool_lookup,
 )
 from hybridflow.data.tasks.arithmetic import ArithmeticSettings, generate_arithmetic
 from hybridflow.data.tasks.common import TaskSpec, make_row, write_task

@@ -5,6 +5,18 @@ as a string (``"68"``). Difficulty is set by the operand range (``min_value``..`
 or ``digits``), the operators and the number of operands: 2-digit additions put
 SmolLM2-135M-Instruct at roughly 25% greedy accuracy, 1-digit ones near the ceiling,
 3-digit multiplications near zero. Test problems never appear in the training split.
+
+Scoring (:func:`compute_score`, the reward of ``hybridflow/arithmetic`` rows) — what scores 1.0,
+exactly: the response's *final answer* equals the ground-truth integer as a number (``68``,
+``68.0`` and ``#### 68`` all match ``"68"``), where the final answer is
+
+1. the number right after the last ``####`` that is followed by a number, if there is one;
+2. otherwise (lenient, the default) the last number anywhere in the response;
+   with ``strict=True`` a response without ``#### <number>`` scores 0.
+
+Everything else scores 0.0. The returned dict also carries ``acc`` (same as ``score``) and
+``formatted`` (1.0 if the answer came from a ``####`` marker), so the logs show whether the
+model learned the format as well as the arithmetic.
 """
 
 from __future__ import annotations
@@ -12,7 +24,9 @@ from __future__ import annotations
 import argparse
 import random
 from dataclasses import dataclass
+from typing import Any
 
+from hybridflow.data.tasks.answers import last_number, marked_answer, same_number
 from hybridflow.data.tasks.common import Rows, TaskSpec, add_size_arguments, make_row
 from hybridflow.data.tasks.expr import evaluate_expression
 
@@ -61,7 +75,9 @@ def make_problem(rng: random.Random, settings: ArithmeticSettings) -> tuple[str,
             return expression, int(answer)
 
 
-def _distinct_problems(rng: random.Random, settings: ArithmeticSettings, count: int, taken: set[str]) -> list[tuple[str, int]]:
+def _distinct_problems(
+    rng: random.Random, settings: ArithmeticSettings, count: int, taken: set[str]
+) -> list[tuple[str, int]]:
     problems: list[tuple[str, int]] = []
     attempts = 0
     while len(problems) < count:
@@ -135,3 +151,22 @@ TASK = TaskSpec(
     add_arguments=_add_arguments,
     build=_build,
 )
+
+
+# --- scoring: the reward of DATA_SOURCE rows (registered in hybridflow/reward/scorers/__init__.py) ---
+def extract_answer(solution_str: str, strict: bool = False) -> tuple[str | None, bool]:
+    """``(answer, formatted)``: the ``####`` answer if present, else the last number unless ``strict``."""
+    marked = marked_answer(solution_str)
+    if marked is not None:
+        return marked, True
+    return (None if strict else last_number(solution_str)), False
+
+
+def compute_score(
+    solution_str: str, ground_truth: Any, extra_info: dict | None = None, *, strict: bool = False
+) -> dict[str, float | str]:
+    """``{"score": 1.0 | 0.0, "acc": same, "formatted": 1.0 | 0.0, "pred": the answer or ""}`` per
+    the rule above (``pred`` is what maj@N votes on)."""
+    answer, formatted = extract_answer(solution_str, strict)
+    correct = 1.0 if same_number(answer, ground_truth) else 0.0
+    return {"score": correct, "acc": correct, "formatted": 1.0 if formatted else 0.0, "pred": answer or ""}

@@ -94,7 +94,7 @@ def wrong_answers(expression: str, answer: int) -> dict[str, list[int]]:
         "dropped_carry": _dropped_carry(expression),
         "wrong_operation": _wrong_operation(expression),
     }
-    kinds = {kind: sorted(set(v for v in values if v != answer)) for kind, values in candidates.items()}
+    kinds = {kind: sorted({v for v in values if v != answer}) for kind, values in candidates.items()}
     return {kind: values for kind, values in kinds.items() if values}
 
 
@@ -115,14 +115,16 @@ def pair_rows(rows: Rows, rng: random.Random) -> Rows:
     for row in rows:
         extra = row[F.EXTRA_INFO]
         chosen, rejected, style, kind = make_pair(rng, extra["expression"], int(extra["answer"]))
-        out.append({
-            F.DATA_SOURCE: row[F.DATA_SOURCE],
-            "prompt": row["prompt"],
-            "chosen": chosen,
-            "rejected": rejected,
-            GROUND_TRUTH: row[F.REWARD_MODEL]["ground_truth"],
-            F.EXTRA_INFO: {**extra, "style": style, "error": kind},
-        })
+        out.append(
+            {
+                F.DATA_SOURCE: row[F.DATA_SOURCE],
+                "prompt": row["prompt"],
+                "chosen": chosen,
+                "rejected": rejected,
+                GROUND_TRUTH: row[F.REWARD_MODEL]["ground_truth"],
+                F.EXTRA_INFO: {**extra, "style": style, "error": kind},
+            }
+        )
     return out
 
 
@@ -167,12 +169,16 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     # argparse has no public way to change an added argument's help, which names its default
     for action in parser._actions:
         if action.dest in PAIR_SIZES:
+            help_text = action.help
+            assert help_text is not None  # every `arithmetic` argument has a help text
             action.default = PAIR_SIZES[action.dest]
-            action.help = f"{action.help.split(' (default')[0]} (default {action.default})"
+            action.help = f"{help_text.split(' (default')[0]} (default {action.default})"
     parser.add_argument(
-        "--exclude-test-size", type=int, default=DEFAULT_EXCLUDED_TEST,
+        "--exclude-test-size",
+        type=int,
+        default=DEFAULT_EXCLUDED_TEST,
         help="leave out of the training split the first N test problems of `arithmetic` with the same "
-             f"settings and --seed (default {DEFAULT_EXCLUDED_TEST}, its default test size)",
+        f"settings and --seed (default {DEFAULT_EXCLUDED_TEST}, its default test size)",
     )
 
 

@@ -3,7 +3,7 @@
 A prompt reads "Write a Python function `add_seven(x)` that returns x plus 7. ..."; the ground
 truth holds the function name and test cases in verl's call-based code format
 (``{"fn_name", "inputs": [[args], ...], "outputs": [...]}``), scored in the sandbox by
-``hybridflow/workers/reward/scores/code.py``. Problems come from twenty one-line families
+``hybridflow/reward/scorers/code.py``. Problems come from twenty one-line families
 (arithmetic on a number, list sums and counts, string reversal and repetition, parity and
 divisibility) with random constants, so SmolLM2-135M-Instruct solves some but not most.
 
@@ -87,8 +87,13 @@ def _is_even(rng):
 
 def _divisible(rng):
     k = rng.randint(3, 9)
-    return (f"divisible_by_{NUMBERS[k]}", "n", f"returns True if n is divisible by {k} and False otherwise",
-            lambda n: n % k == 0, [[rng.randint(0, 12) * k + rng.choice([0, 0, 1, 2])] for _ in range(4)])
+    return (
+        f"divisible_by_{NUMBERS[k]}",
+        "n",
+        f"returns True if n is divisible by {k} and False otherwise",
+        lambda n: n % k == 0,
+        [[rng.randint(0, 12) * k + rng.choice([0, 0, 1, 2])] for _ in range(4)],
+    )
 
 
 def _sum_list(rng):
@@ -98,8 +103,13 @@ def _sum_list(rng):
 def _count(rng):
     k = rng.randint(0, 9)
     args = [[[rng.choice([k, k, rng.randint(0, 9)]) for _ in range(rng.randint(0, 6))]] for _ in range(4)]
-    return f"count_{NUMBERS[k]}s", "numbers", f"returns how many times {k} appears in the list", \
-        lambda xs: xs.count(k), args
+    return (
+        f"count_{NUMBERS[k]}s",
+        "numbers",
+        f"returns how many times {k} appears in the list",
+        lambda xs: xs.count(k),
+        args,
+    )
 
 
 def _reverse(rng):
@@ -121,19 +131,34 @@ def _affine(rng):
 
 
 def _sum_evens(rng):
-    return "sum_of_evens", "numbers", "returns the sum of the even numbers in the list", \
-        lambda xs: sum(x for x in xs if x % 2 == 0), _lists(rng)
+    return (
+        "sum_of_evens",
+        "numbers",
+        "returns the sum of the even numbers in the list",
+        lambda xs: sum(x for x in xs if x % 2 == 0),
+        _lists(rng),
+    )
 
 
 def _count_vowels(rng):
-    return "count_vowels", "text", "returns how many vowels (a, e, i, o, u) the string contains", \
-        lambda t: sum(c in "aeiou" for c in t), _words(rng)
+    return (
+        "count_vowels",
+        "text",
+        "returns how many vowels (a, e, i, o, u) the string contains",
+        lambda t: sum(c in "aeiou" for c in t),
+        _words(rng),
+    )
 
 
 def _fizz(rng):
     k = rng.randint(3, 7)
-    return (f"fizz_{NUMBERS[k]}", "n", f"returns the string 'fizz' if n is divisible by {k}, otherwise n as a string",
-            lambda n: "fizz" if n % k == 0 else str(n), [[rng.randint(1, 6) * k + rng.choice([0, 1, 2])] for _ in range(4)])
+    return (
+        f"fizz_{NUMBERS[k]}",
+        "n",
+        f"returns the string 'fizz' if n is divisible by {k}, otherwise n as a string",
+        lambda n: "fizz" if n % k == 0 else str(n),
+        [[rng.randint(1, 6) * k + rng.choice([0, 1, 2])] for _ in range(4)],
+    )
 
 
 def _largest(rng):
@@ -142,19 +167,50 @@ def _largest(rng):
 
 
 def _positives(rng):
-    return "count_positive", "numbers", "returns how many numbers in the list are greater than zero", \
-        lambda xs: sum(x > 0 for x in xs), _lists(rng)
+    return (
+        "count_positive",
+        "numbers",
+        "returns how many numbers in the list are greater than zero",
+        lambda xs: sum(x > 0 for x in xs),
+        _lists(rng),
+    )
 
 
 def _digit_sum(rng):
-    return "digit_sum", "n", "returns the sum of the decimal digits of a non-negative integer n", \
-        lambda n: sum(map(int, str(n))), [[rng.randint(0, 9999)] for _ in range(4)]
+    return (
+        "digit_sum",
+        "n",
+        "returns the sum of the decimal digits of a non-negative integer n",
+        lambda n: sum(map(int, str(n))),
+        [[rng.randint(0, 9999)] for _ in range(4)],
+    )
 
 
-FAMILIES: tuple[Family, ...] = tuple(Family(f) for f in (
-    _add, _times, _minus, _square, _larger, _smaller, _is_even, _divisible, _sum_list, _count, _reverse, _repeat,
-    _length, _affine, _sum_evens, _count_vowels, _fizz, _largest, _positives, _digit_sum,
-))
+FAMILIES: tuple[Family, ...] = tuple(
+    Family(f)
+    for f in (
+        _add,
+        _times,
+        _minus,
+        _square,
+        _larger,
+        _smaller,
+        _is_even,
+        _divisible,
+        _sum_list,
+        _count,
+        _reverse,
+        _repeat,
+        _length,
+        _affine,
+        _sum_evens,
+        _count_vowels,
+        _fizz,
+        _largest,
+        _positives,
+        _digit_sum,
+    )
+)
 
 
 def make_problem(rng: random.Random) -> dict[str, Any]:
@@ -170,7 +226,7 @@ def generate_code_functions(num_train: int, num_test: int, *, seed: int = 0) -> 
     rng = random.Random(seed)
     test = [make_problem(rng) for _ in range(num_test)]
     seen = {p["question"] for p in test}
-    train = []
+    train: list[dict[str, Any]] = []
     while len(train) < num_train:
         problem = make_problem(rng)
         if problem["question"] not in seen:
@@ -180,8 +236,15 @@ def generate_code_functions(num_train: int, num_test: int, *, seed: int = 0) -> 
 
 def _rows(problems: list[dict[str, Any]], split: str) -> Rows:
     return [
-        make_row(data_source=DATA_SOURCE, question=p["question"], ground_truth=json.dumps(p["tests"]), split=split,
-                 index=i, ability="code", extra={"fn_name": p["name"]})
+        make_row(
+            data_source=DATA_SOURCE,
+            question=p["question"],
+            ground_truth=json.dumps(p["tests"]),
+            split=split,
+            index=i,
+            ability="code",
+            extra={"fn_name": p["name"]},
+        )
         for i, p in enumerate(problems)
     ]
 
@@ -204,6 +267,7 @@ TASK = TaskSpec(
 
 # ---- converter for verl-style code data ---------------------------------------------------------
 
+
 class CodeRowError(ValueError):
     """A code row that cannot be used; the message names the file, row and field."""
 
@@ -215,7 +279,11 @@ def parse_code_tests(ground_truth: Any, what: str = "code ground truth") -> dict
         tests = json.loads(ground_truth) if isinstance(ground_truth, (str, bytes)) else ground_truth
     except json.JSONDecodeError as exc:
         raise ValueError(f"{what} is not JSON ({exc.msg})") from None
-    if not isinstance(tests, dict) or not isinstance(tests.get("inputs"), list) or not isinstance(tests.get("outputs"), list):
+    if (
+        not isinstance(tests, dict)
+        or not isinstance(tests.get("inputs"), list)
+        or not isinstance(tests.get("outputs"), list)
+    ):
         raise ValueError(f"{what} needs 'inputs' and 'outputs' lists")
     if len(tests["inputs"]) != len(tests["outputs"]) or not tests["inputs"]:
         raise ValueError(f"{what} has {len(tests['inputs'])} inputs but {len(tests['outputs'])} outputs")
@@ -234,7 +302,11 @@ def convert_code_row(row: dict[str, Any], where: str) -> dict[str, Any]:
         tests = parse_code_tests(truth, "reward_model.ground_truth")
     except ValueError as exc:
         raise CodeRowError(f"{where}: {exc}") from None
-    reward = {**row[F.REWARD_MODEL], "ground_truth": json.dumps(tests), "style": row[F.REWARD_MODEL].get("style") or "rule"}
+    reward = {
+        **row[F.REWARD_MODEL],
+        "ground_truth": json.dumps(tests),
+        "style": row[F.REWARD_MODEL].get("style") or "rule",
+    }
     return {**row, F.REWARD_MODEL: reward}
 
 

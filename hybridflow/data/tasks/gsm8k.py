@@ -4,6 +4,16 @@ Nothing is downloaded. The source files are the dataset's own: parquet (the Hugg
 layout ``main/train-00000-of-00001.parquet``) or JSON lines (``train.jsonl``), each row
 ``{"question": str, "answer": str}`` where the answer's reasoning ends in ``#### <number>``.
 The ground truth is that number with thousands separators removed (``"1,200"`` → ``"1200"``).
+
+Scoring (:func:`compute_score`, the reward of ``openai/gsm8k`` rows): only the last 300
+characters of the response are read (the final answer is at the end; this also bounds the work
+on runaway generations).
+
+* ``strict`` (the default): the answer is the number after the last ``####`` (a ``$`` and
+  thousands commas are allowed: ``#### $1,200``). No ``####`` with a number → ``format_score``.
+* ``flexible``: the answer is the last number anywhere in those 300 characters.
+
+The answer scores ``score`` (1.0) if it equals the ground truth as a number, else ``format_score`` (0.0).
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from typing import Any
 
 from hybridflow.data.io import read_rows
 from hybridflow.data.schema import DataRowError
+from hybridflow.data.tasks.answers import last_number, marked_answer, same_number
 from hybridflow.data.tasks.common import Rows, TaskSpec, make_row
 
 DATA_SOURCE = "openai/gsm8k"
@@ -78,7 +89,9 @@ def find_split_file(src: str | os.PathLike, split: str) -> Path:
     )
 
 
-def convert_gsm8k(train_file: str | os.PathLike, test_file: str | os.PathLike, instruction: str = DEFAULT_INSTRUCTION) -> tuple[Rows, Rows]:
+def convert_gsm8k(
+    train_file: str | os.PathLike, test_file: str | os.PathLike, instruction: str = DEFAULT_INSTRUCTION
+) -> tuple[Rows, Rows]:
     """Read both source files and convert them: ``(train_rows, test_rows)``."""
     converted = [
         convert_gsm8k_rows(read_rows(path), split=split, file=os.fspath(path), instruction=instruction)
@@ -110,3 +123,33 @@ TASK = TaskSpec(
     add_arguments=_add_arguments,
     build=_build,
 )
+
+
+# --- scoring: the reward of DATA_SOURCE rows (registered in hybridflow/reward/scorers/__init__.py) ---
+TAIL_CHARS = 300
+METHODS: tuple[str, ...] = ("strict", "flexible")
+
+
+def extract_solution(solution_str: str, method: str = "strict") -> str | None:
+    """The answer string per ``method`` (see the module docstring), or None if there is none."""
+    if method not in METHODS:
+        raise ValueError(f"unknown GSM8K extraction method {method!r}; valid: {', '.join(METHODS)}")
+    tail = solution_str[-TAIL_CHARS:]
+    return marked_answer(tail) if method == "strict" else last_number(tail)
+
+
+def compute_score(
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict | None = None,
+    *,
+    method: str = "strict",
+    format_score: float = 0.0,
+    score: float = 1.0,
+) -> dict[str, Any]:
+    """``{"score", "acc", "pred"}``: ``score`` if the extracted answer equals ``ground_truth``
+    numerically, else ``format_score``; ``acc`` 1.0/0.0; ``pred`` the extracted answer ("" if none),
+    which maj@N votes on."""
+    answer = extract_solution(solution_str, method)
+    correct = same_number(answer, ground_truth)
+    return {"score": score if correct else format_score, "acc": float(correct), "pred": answer or ""}

@@ -5,9 +5,8 @@ Each row asks for the code stored under a key (``"What is the code stored under 
 guessed or memorised (a guess is right with probability 1/90000); the row's own table — the
 asked key and a few distractor keys, each with a random code — is reachable only through the
 ``lookup(key)`` tool (:class:`hybridflow.tools.lookup.LookupTool`), which gets the table through
-the row's ``tools_kwargs`` (verl's layout, in ``extra_info``). The reward
-(``hybridflow/workers/reward/scores/tool_lookup.py``) is 1 when the number after the last
-``####`` in the response is the code.
+the row's ``tools_kwargs`` (verl's layout, in ``extra_info``). The reward (scoring, below) is 1
+when the number after the last ``####`` in the response is the code.
 
 Files written by ``hybridflow data tool-lookup --out DIR``:
 
@@ -23,6 +22,13 @@ Files written by ``hybridflow data tool-lookup --out DIR``:
 * ``tools.yaml`` — the tool config for ``actor_rollout_ref.rollout.multi_turn.tool_config_path``.
 
 The SFT rows use their own tables and codes, never those of the RL or test rows.
+
+Scoring (:func:`compute_score`, the reward of ``hybridflow/tool-lookup`` rows): 1.0 when the
+number after the last ``####`` in the response is the row's code (as a string of digits:
+``#### 48213``), else 0.0. Strict on purpose: the tool's own output (the bare code) sits in the
+decoded response of an agent trajectory, so a lenient "last number" rule would reward a model
+that called the tool but never answered. ``formatted`` is 1.0 when a ``####`` answer was given
+at all.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import yaml
 
 from hybridflow import fields as F
 from hybridflow.data.io import write_rows
+from hybridflow.data.tasks.answers import marked_answer
 from hybridflow.data.tasks.common import Rows, TaskSpec, add_size_arguments, make_row
 
 DATA_SOURCE = "hybridflow/tool-lookup"
@@ -96,7 +103,12 @@ def _problem(rng: random.Random, num_keys: int, taken_codes: set[str]) -> tuple[
 
 
 def generate_tool_lookup(
-    num_train: int, num_test: int, num_sft: int, *, seed: int = 0, num_keys: int = 3,
+    num_train: int,
+    num_test: int,
+    num_sft: int,
+    *,
+    seed: int = 0,
+    num_keys: int = 3,
     instruction: str = DEFAULT_INSTRUCTION,
 ) -> dict[str, Rows]:
     """``{"train", "test", "sft"}`` rows; every code occurs in exactly one row of one split."""
@@ -158,7 +170,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _splits(args: argparse.Namespace) -> dict[str, Rows]:
     return generate_tool_lookup(
-        args.train_size, args.test_size, args.sft_size, seed=args.seed, num_keys=args.num_keys,
+        args.train_size,
+        args.test_size,
+        args.sft_size,
+        seed=args.seed,
+        num_keys=args.num_keys,
         instruction=args.instruction,
     )
 
@@ -183,3 +199,11 @@ TASK = TaskSpec(
     build=_build,
     write_extra=_write_extra,
 )
+
+
+# --- scoring: the reward of DATA_SOURCE rows (registered in hybridflow/reward/scorers/__init__.py) ---
+def compute_score(solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict[str, float | str]:
+    """``{"score": 1.0 | 0.0, "acc": same, "formatted": 1.0 | 0.0, "pred": the answer or ""}``."""
+    answer = marked_answer(solution_str)
+    correct = 1.0 if answer is not None and answer.strip() == str(ground_truth).strip() else 0.0
+    return {"score": correct, "acc": correct, "formatted": 0.0 if answer is None else 1.0, "pred": answer or ""}

@@ -4,6 +4,7 @@
   fail) while the server is paused (``abort_all`` until ``resume_generation``), asleep, or
   busy with a control call; a control call (sleep, weight update, cache clear) holds new
   requests and waits for the running ones to finish first.
+* :class:`GatedAdapter` — the protocol calls both adapters answer the same way.
 * :class:`EngineLoop` / :func:`on_engine_loop` — the engine's async state (vLLM's output
   handler, SGLang's response loop, the gate's events) binds to the loop of its first use, so
   each adapter keeps a private event loop on a daemon thread and runs every protocol call
@@ -178,6 +179,30 @@ class RequestGate:
                 await resend([v.engine_id for v in left])
 
 
+class GatedAdapter:
+    """What the vLLM and SGLang adapters answer alike: re-opening admission, the weight version,
+    shutting down. A subclass sets ``_loop`` (:class:`EngineLoop`), ``_engine``, ``_gate``
+    (:class:`RequestGate`) and ``_version`` (the version of the last weight update)."""
+
+    _loop: EngineLoop
+    _engine: Any
+    _gate: RequestGate
+    _version: int
+
+    @on_engine_loop
+    async def resume_generation(self) -> None:
+        self._gate.resume()
+
+    @on_engine_loop
+    async def get_weight_version(self) -> int:
+        return self._version
+
+    def shutdown(self) -> None:
+        """Stop the engine's processes and loop (the adapter is unusable afterwards)."""
+        getattr(self._engine, "shutdown", lambda: None)()
+        self._loop.close()
+
+
 def served_tensor_shapes(model_path: str | Path) -> dict[str, tuple[int, ...]] | None:
     """``state_dict`` name → shape of the model in the HF folder ``model_path`` (from the
     safetensors headers; nothing is loaded); None when it is not a local folder. A tied LM head
@@ -194,8 +219,9 @@ def served_tensor_shapes(model_path: str | Path) -> dict[str, tuple[int, ...]] |
             for name in fh.keys():  # noqa: SIM118 - safe_open objects are not iterable
                 shapes[name] = tuple(fh.get_slice(name).get_shape())
     config = folder / "config.json"
-    tied = config.is_file() and parse_bool(json.loads(config.read_text()).get("tie_word_embeddings", False),
-                                           f"{config}: tie_word_embeddings")
+    tied = config.is_file() and parse_bool(
+        json.loads(config.read_text()).get("tie_word_embeddings", False), f"{config}: tie_word_embeddings"
+    )
     if tied and TIED_HEAD not in shapes and TIED_EMBEDDING in shapes:
         shapes[TIED_HEAD] = shapes[TIED_EMBEDDING]
     return shapes

@@ -35,12 +35,24 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from hybridflow.inference.adapters.common import (
-    EngineLoop, RequestGate, check_counts, check_named_tensors, on_engine_loop, served_tensor_shapes, without_first,
+    EngineLoop,
+    GatedAdapter,
+    RequestGate,
+    check_counts,
+    check_named_tensors,
+    on_engine_loop,
+    served_tensor_shapes,
+    without_first,
+)
+from hybridflow.inference.protocol import (
+    SamplingParams,
+    StopReason,
+    TokenOutput,
+    TopLogProbs,
+    check_sleep_level,
+    check_wake_tags,
 )
 from hybridflow.utils.optional_engines import check_engine_installed, import_failed
-from hybridflow.inference.protocol import (
-    SamplingParams, StopReason, TokenOutput, TopLogProbs, check_sleep_level, check_wake_tags,
-)
 
 if TYPE_CHECKING:
     import torch
@@ -83,9 +95,15 @@ def finish_stop_reason(finish_reason: Any, aborted: bool = False) -> StopReason:
     raise RuntimeError(f"unexpected finish_reason {finish_reason!r} from SGLang")
 
 
-def sglang_token_output(out: dict[str, Any], prompt_ids: Sequence[int], *, logprobs: int = 0,
-                        prompt_logprobs: int | None = None, weight_version: int = 0,
-                        aborted: bool = False) -> TokenOutput:
+def sglang_token_output(
+    out: dict[str, Any],
+    prompt_ids: Sequence[int],
+    *,
+    logprobs: int = 0,
+    prompt_logprobs: int | None = None,
+    weight_version: int = 0,
+    aborted: bool = False,
+) -> TokenOutput:
     """The protocol's view of one ``generate_request`` result. The ids come from
     ``output_token_logprobs`` ``[(logprob, id, text), …]`` (always requested), so ids and
     log-probs cannot disagree; ``input_token_logprobs`` starts with a None for the first prompt
@@ -128,7 +146,7 @@ def _succeeded(result: Any) -> tuple[bool, str]:
     return bool(getattr(result, "success", True)), str(getattr(result, "message", ""))
 
 
-class SGLangServer:
+class SGLangServer(GatedAdapter):
     """:class:`~hybridflow.inference.protocol.InferenceServer` over ``sglang.Engine``.
 
     ``engine_kwargs`` go to ``sglang.Engine`` (its ``ServerArgs``: ``dtype``, ``tp_size``,
@@ -140,8 +158,15 @@ class SGLangServer:
 
     address: str | None = None
 
-    def __init__(self, model_path: str | Path, *, bucket_bytes: int = 256 << 20, engine: Any = None,
-                 api: Any = None, **engine_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        bucket_bytes: int = 256 << 20,
+        engine: Any = None,
+        api: Any = None,
+        **engine_kwargs: Any,
+    ) -> None:
         self.model_path = str(model_path)
         if engine is None:
             check_engine_installed("sglang")
@@ -173,8 +198,15 @@ class SGLangServer:
         return getattr(self._sglang().io, name)(**fields)
 
     @on_engine_loop
-    async def generate(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams, max_tokens: int,
-                       logprobs: int = 0, prompt_logprobs: int | None = None) -> TokenOutput:
+    async def generate(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        logprobs: int = 0,
+        prompt_logprobs: int | None = None,
+    ) -> TokenOutput:
         check_counts(max_tokens, logprobs, prompt_logprobs)
         params = sglang_sampling_params(sampling, max_tokens)
         if max_tokens == 0 and prompt_logprobs is None:
@@ -182,7 +214,10 @@ class SGLangServer:
         flight = await self._gate.enter(f"{request_id}-{uuid.uuid4().hex[:12]}")
         version = self._version
         request = self._io(
-            "GenerateReqInput", rid=flight.engine_id, input_ids=list(prompt_ids), sampling_params=params,
+            "GenerateReqInput",
+            rid=flight.engine_id,
+            input_ids=list(prompt_ids),
+            sampling_params=params,
             return_logprob=True,  # the sampled tokens' log-probs are always reported
             logprob_start_len=0 if prompt_logprobs is not None else None,
             top_logprobs_num=max(logprobs, prompt_logprobs or 0),
@@ -200,8 +235,14 @@ class SGLangServer:
         finally:
             await stream.aclose()  # releases SGLang's model-update reader lock at once
             self._gate.leave(flight)
-        return sglang_token_output(out, prompt_ids, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                                   weight_version=version, aborted=flight.aborted)
+        return sglang_token_output(
+            out,
+            prompt_ids,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            weight_version=version,
+            aborted=flight.aborted,
+        )
 
     async def _abort(self, ids: list[str]) -> None:
         for rid in ids:
@@ -214,10 +255,6 @@ class SGLangServer:
         # abort_request ignores a rid SGLang has not registered yet: wait_aborted re-sends.
         await self._gate.wait_aborted(victims, self._abort)
         return len(victims)
-
-    @on_engine_loop
-    async def resume_generation(self) -> None:
-        self._gate.resume()
 
     @on_engine_loop
     async def sleep(self, level: int = 1) -> None:
@@ -253,8 +290,12 @@ class SGLangServer:
 
         served = getattr(getattr(self._tm, "model_config", None), "dtype", None)
         # Checked (and a generator consumed) in the caller's thread, where its tensors live.
-        pairs = check_named_tensors(named_tensors, self._shapes, require_all=self._weights_freed,
-                                    served_dtype=served if isinstance(served, torch.dtype) else None)
+        pairs = check_named_tensors(
+            named_tensors,
+            self._shapes,
+            require_all=self._weights_freed,
+            served_dtype=served if isinstance(served, torch.dtype) else None,
+        )
         # CUDA tensors travel as IPC handles; the scheduler copies them into its parameters.
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         pairs = [(n, t.detach().to(device) if device is not None else t.detach()) for n, t in pairs]
@@ -270,8 +311,12 @@ class SGLangServer:
                 await self._resume("weights")
             for bucket in iter_weight_buckets(pairs, self._bucket_bytes):
                 payload = [serializer.serialize(bucket) for _ in range(tp_size)]
-                request = self._io("UpdateWeightsFromTensorReqInput", serialized_named_tensors=payload,
-                                   load_format=None, flush_cache=False)
+                request = self._io(
+                    "UpdateWeightsFromTensorReqInput",
+                    serialized_named_tensors=payload,
+                    load_format=None,
+                    flush_cache=False,
+                )
                 ok, message = _succeeded(await self._tm.update_weights_from_tensor(request, None))
                 if not ok:
                     raise RuntimeError(f"SGLang rejected the weight update: {message}")
@@ -285,12 +330,3 @@ class SGLangServer:
         async with self._gate.exclusive():  # SGLang flushes only when no request runs
             if not self._gate.asleep:
                 await self._flush()
-
-    @on_engine_loop
-    async def get_weight_version(self) -> int:
-        return self._version
-
-    def shutdown(self) -> None:
-        """Stop the engine's processes and loop (the adapter is unusable afterwards)."""
-        getattr(self._engine, "shutdown", lambda: None)()
-        self._loop.close()

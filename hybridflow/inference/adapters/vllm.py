@@ -30,12 +30,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hybridflow.inference.adapters.common import (
-    EngineLoop, RequestGate, check_counts, check_named_tensors, on_engine_loop, served_tensor_shapes, without_first,
+    EngineLoop,
+    GatedAdapter,
+    RequestGate,
+    check_counts,
+    check_named_tensors,
+    on_engine_loop,
+    served_tensor_shapes,
+    without_first,
+)
+from hybridflow.inference.protocol import (
+    SamplingParams,
+    StopReason,
+    TokenOutput,
+    TopLogProbs,
+    check_sleep_level,
+    check_wake_tags,
 )
 from hybridflow.utils.optional_engines import check_engine_installed, import_failed
-from hybridflow.inference.protocol import (
-    SamplingParams, StopReason, TokenOutput, TopLogProbs, check_sleep_level, check_wake_tags,
-)
 
 if TYPE_CHECKING:
     import torch
@@ -83,9 +95,17 @@ def _best(entry: dict[int, Any] | None, k: int) -> list[tuple[int, float]]:
     return [(int(token), float(lp.logprob)) for token, lp in ranked[:k]]
 
 
-def vllm_token_output(output: Any, prompt_ids: Sequence[int], *, max_tokens: int, logprobs: int = 0,
-                      prompt_logprobs: int | None = None, weight_version: int = 0, seen: int | None = None,
-                      aborted: bool = False) -> TokenOutput:
+def vllm_token_output(
+    output: Any,
+    prompt_ids: Sequence[int],
+    *,
+    max_tokens: int,
+    logprobs: int = 0,
+    prompt_logprobs: int | None = None,
+    weight_version: int = 0,
+    seen: int | None = None,
+    aborted: bool = False,
+) -> TokenOutput:
     """The protocol's view of a vLLM ``RequestOutput`` (the default cumulative kind: every token
     so far). ``seen`` caps the tokens read at the count there was when ``output`` arrived (the
     engine appends to the same lists); ``aborted`` marks a request this adapter aborted, whose
@@ -159,7 +179,7 @@ async def _build(factory: Callable[[], Any]) -> Any:
     return factory()  # on the engine loop: vLLM binds its output handler to the running loop
 
 
-class VLLMServer:
+class VLLMServer(GatedAdapter):
     """:class:`~hybridflow.inference.protocol.InferenceServer` over vLLM's ``AsyncLLMEngine``.
 
     ``engine_kwargs`` go to ``AsyncEngineArgs`` (``dtype``, ``gpu_memory_utilization`` …);
@@ -171,8 +191,15 @@ class VLLMServer:
 
     address: str | None = None
 
-    def __init__(self, model_path: str | Path, *, bucket_bytes: int = 256 << 20, engine: Any = None,
-                 sampling_params_cls: Callable[..., Any] | None = None, **engine_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        bucket_bytes: int = 256 << 20,
+        engine: Any = None,
+        sampling_params_cls: Callable[..., Any] | None = None,
+        **engine_kwargs: Any,
+    ) -> None:
         self.model_path = str(model_path)
         factory = None
         if engine is None:
@@ -192,8 +219,15 @@ class VLLMServer:
         self._weights_freed = False  # a level-2 sleep freed them: the next update must send all
 
     @on_engine_loop
-    async def generate(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams, max_tokens: int,
-                       logprobs: int = 0, prompt_logprobs: int | None = None) -> TokenOutput:
+    async def generate(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        logprobs: int = 0,
+        prompt_logprobs: int | None = None,
+    ) -> TokenOutput:
         params = self._params(**vllm_sampling_kwargs(sampling, max_tokens, logprobs, prompt_logprobs))
         if max_tokens == 0 and prompt_logprobs is None:
             return TokenOutput([], [], "length", self._version)
@@ -216,9 +250,16 @@ class VLLMServer:
                 raise
         finally:
             self._gate.leave(flight)
-        return vllm_token_output(last[0], prompt_ids, max_tokens=max_tokens, logprobs=logprobs,
-                                 prompt_logprobs=prompt_logprobs, weight_version=version, seen=last[1],
-                                 aborted=flight.aborted)
+        return vllm_token_output(
+            last[0],
+            prompt_ids,
+            max_tokens=max_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            weight_version=version,
+            seen=last[1],
+            aborted=flight.aborted,
+        )
 
     @on_engine_loop
     async def abort_all(self) -> int:
@@ -230,10 +271,6 @@ class VLLMServer:
                 flight.task.cancel()
         await self._gate.wait_aborted(victims, self._engine.abort)
         return len(victims)
-
-    @on_engine_loop
-    async def resume_generation(self) -> None:
-        self._gate.resume()
 
     @on_engine_loop
     async def sleep(self, level: int = 1) -> None:
@@ -265,12 +302,19 @@ class VLLMServer:
 
         served = getattr(getattr(self._engine, "model_config", None), "dtype", None)  # AsyncLLM.model_config
         # Checked (and a generator consumed) in the caller's thread, where its tensors live.
-        pairs = check_named_tensors(named_tensors, self._shapes, require_all=self._weights_freed,
-                                    served_dtype=served if isinstance(served, torch.dtype) else None)
+        pairs = check_named_tensors(
+            named_tensors,
+            self._shapes,
+            require_all=self._weights_freed,
+            served_dtype=served if isinstance(served, torch.dtype) else None,
+        )
         return await self._loop.call(self._push(pairs, version))
 
     async def _push(self, pairs: list[tuple[str, torch.Tensor]], version: int) -> int:
-        from hybridflow.inference.weight_transfer import bucket_to_bytes, iter_weight_buckets
+        from hybridflow.inference.weight_transfer import (
+            bucket_to_bytes,
+            iter_weight_buckets,
+        )
 
         async with self._gate.exclusive():
             if "weights" in self._gate.asleep:  # about to be overwritten: bring the memory back first
@@ -288,12 +332,3 @@ class VLLMServer:
         async with self._gate.exclusive():  # vLLM refuses to reset while requests hold blocks
             if not self._gate.asleep and await self._engine.reset_prefix_cache() is False:
                 raise RuntimeError("vLLM refused to reset its prefix cache")
-
-    @on_engine_loop
-    async def get_weight_version(self) -> int:
-        return self._version
-
-    def shutdown(self) -> None:
-        """Stop the engine's processes and loop (the adapter is unusable afterwards)."""
-        getattr(self._engine, "shutdown", lambda: None)()
-        self._loop.close()

@@ -6,16 +6,26 @@ The decode stack itself (sampler, decoders, KV cache, continuous batcher) lives 
 :mod:`hybridflow.inference`; this package wraps it as a rollout worker.
 """
 
+from hybridflow.inference.weight_transfer import iter_weight_buckets
 from hybridflow.workers.rollout.agent_loop import AgentLoopRollout
-from hybridflow.workers.rollout.base import ROLLOUTS, BaseRollout, get_rollout_class
+from hybridflow.workers.rollout.base import (
+    ROLLOUTS,
+    BaseRollout,
+    RolloutCapabilities,
+    RolloutCapabilityError,
+    RolloutOutput,
+    get_rollout_class,
+)
 from hybridflow.workers.rollout.metrics import actor_logprob_diff
 from hybridflow.workers.rollout.torch_rollout import TorchRollout
-from hybridflow.inference.weight_transfer import iter_weight_buckets
 
 __all__ = [
     "AgentLoopRollout",
     "ROLLOUTS",
     "BaseRollout",
+    "RolloutCapabilities",
+    "RolloutCapabilityError",
+    "RolloutOutput",
     "TorchRollout",
     "actor_logprob_diff",
     "get_rollout_class",

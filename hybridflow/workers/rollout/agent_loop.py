@@ -7,15 +7,16 @@ built-in ``torch`` rollout for this one) or by name. It is a :class:`TorchRollou
 ``multi_turn.enable`` nor an ``agent_name`` column takes the plain path.
 
 The loops talk to an :class:`~hybridflow.inference.client.InProcessClient` on a
-:class:`~hybridflow.inference.engine.GenerationEngine` built on the rollout's module for the
+:class:`~hybridflow.inference.generation_engine.GenerationEngine` built on the rollout's module for the
 call and shut down after it, so every call samples from the current weights: the actor's live
 module when colocated, or the copy :meth:`update_weights` refreshed. All rows run
 concurrently on one event loop, so their requests share the engine's forward passes.
 
 Output: verl's fields as collated by :func:`hybridflow.agent.collate.collate_trajectories`
 (``response_mask`` 0 on tool / separator tokens), the agent columns (``__num_turns__``,
-``tool_call_counts``, ``turn_scores``, ``tool_rewards``) and ``meta_info["metrics"]``
-(``num_turns/*``, ``tool_call_counts/*``, ``agent_loop/*``).
+``tool_call_counts``, ``turn_scores``, ``tool_rewards``); the metrics (``num_turns/*``,
+``tool_call_counts/*``, ``agent_loop/*``) come next to the data from
+:meth:`~hybridflow.workers.rollout.base.BaseRollout.generate_with_metrics`.
 """
 
 from __future__ import annotations
@@ -23,27 +24,33 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
+from hybridflow import fields as F
 from hybridflow.agent.base import AgentContext, agent_loop_table
 from hybridflow.agent.runner import AGENT_NAME, run_agent_loops
 from hybridflow.config.actor_rollout_ref import RolloutConfig
-from hybridflow.inference.client import InProcessClient
-from hybridflow.inference.engine import GenerationEngine, ShuttingDown
-from hybridflow.inference.partial_rollout import PartialRolloutClient
-from hybridflow.inference.protocol import SamplingParams as ClientSampling
-from hybridflow.inference.sampling import SamplingParams as BatcherSampling
-from hybridflow.protocol import DataProto
 from hybridflow.fields import EXTRA_INFO
+from hybridflow.inference.client import InProcessClient
+from hybridflow.inference.engine_queue import ShuttingDown
+from hybridflow.inference.generation_engine import GenerationEngine
+from hybridflow.inference.partial_rollout import PartialRolloutClient
+from hybridflow.inference.protocol import SamplingParams
+from hybridflow.inference.sampling import GenerationParams
+from hybridflow.protocol import DataProto
 from hybridflow.tools.registry import build_tools
 from hybridflow.utils.async_run import run_coroutine
-from hybridflow.workers.rollout.base import ROLLOUTS
-from hybridflow.workers.rollout.torch_rollout import TorchRollout, _compute_dtype, pad_token_id
-
+from hybridflow.workers.rollout.base import ROLLOUTS, RolloutCapabilities, RolloutOutput
+from hybridflow.workers.rollout.torch_rollout import (
+    TorchRollout,
+    _compute_dtype,
+    pad_token_id,
+)
 
 TOOLS_KWARGS = "tools_kwargs"
 
@@ -59,8 +66,9 @@ def _with_tools_kwargs(prompts: DataProto) -> DataProto:
         return prompts
     column = np.empty(len(values), dtype=object)
     column[:] = values
-    return DataProto(batch=prompts.batch, non_tensor_batch={**columns, TOOLS_KWARGS: column},
-                     meta_info=prompts.meta_info)
+    return DataProto(
+        batch=prompts.batch, non_tensor_batch={**columns, TOOLS_KWARGS: column}, meta_info=prompts.meta_info
+    )
 
 
 class AgentLoops:
@@ -93,7 +101,7 @@ class AgentLoops:
         self.default_agent_loop = agent.default_agent_loop
         self.table.get(self.default_agent_loop)  # an unknown default fails at start-up, listing the loops
 
-    def client_sampling(self, params: BatcherSampling, seed: int) -> ClientSampling:
+    def client_sampling(self, params: GenerationParams, seed: int) -> SamplingParams:
         """The protocol's settings for a batch; seeded: row i, turn t sample from (seed, i, t)."""
         if params.n != 1:
             raise ValueError(
@@ -101,41 +109,54 @@ class AgentLoops:
                 "(the trainer does: rollout.n interleaved copies)"
             )
         greedy = not params.do_sample or params.temperature == 0
-        return ClientSampling(
-            temperature=0.0 if greedy else params.temperature, top_p=params.top_p, top_k=params.top_k, seed=seed,
+        return SamplingParams(
+            temperature=0.0 if greedy else params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            seed=seed,
         )
 
     def run(
-        self, prompts: DataProto, client: Any, params: BatcherSampling, *, seed: int, pad: int, prompt_length: int
-    ) -> DataProto:
-        """Every row through its loop, concurrently, on ``client``; verl's fields collated."""
+        self, prompts: DataProto, client: Any, params: GenerationParams, *, seed: int, pad: int, prompt_length: int
+    ) -> RolloutOutput:
+        """Every row through its loop, concurrently, on ``client``; verl's fields collated, and
+        the loops' metrics."""
         meta = prompts.meta_info
         context = AgentContext(
             client=client,
             tokenizer=self.tokenizer,
             response_length=params.max_new_tokens,
             tools=self.tools,
-            chat_template_kwargs=dict(meta.get("chat_template_kwargs") or {}),
+            chat_template_kwargs=dict(meta.get(F.META_CHAT_TEMPLATE_KWARGS) or {}),
         )
         out = run_coroutine(
             run_agent_loops(
-                _with_tools_kwargs(prompts), table=self.table, context=context,
-                sampling=self.client_sampling(params, seed), prompt_length=prompt_length,
-                pad_token_id=pad, default_agent_loop=self.default_agent_loop,
+                _with_tools_kwargs(prompts),
+                table=self.table,
+                context=context,
+                sampling=self.client_sampling(params, seed),
+                prompt_length=prompt_length,
+                pad_token_id=pad,
+                default_agent_loop=self.default_agent_loop,
             )
         )
         device = prompts.batch["input_ids"].device if prompts.batch is not None else torch.device("cpu")
-        return out.to(device)
+        metrics = out.meta_info.pop(F.META_METRICS, None) or {}  # the collate's hand-over: a value from here on
+        return RolloutOutput(out.to(device), metrics)
 
 
 def batch_seed(meta: dict[str, Any], generator: torch.Generator) -> int:
     """The call's seed: ``meta_info['seed']`` (the trainer's per-step seed), else the rollout's."""
-    return int(meta["seed"]) if "seed" in meta else int(generator.initial_seed())
+    return int(meta[F.META_SEED]) if F.META_SEED in meta else int(generator.initial_seed())
 
 
 @ROLLOUTS.register("agent_loop")
 class AgentLoopRollout(TorchRollout):
     """See the module docstring. Arguments as :class:`TorchRollout`."""
+
+    capabilities: ClassVar[RolloutCapabilities] = RolloutCapabilities(
+        partial_rollout=True, sleep_wake=True, weight_version=True, swap_lock=True
+    )
 
     def __init__(
         self,
@@ -156,7 +177,7 @@ class AgentLoopRollout(TorchRollout):
         # aborted, given new weights while paused, and resumed; the loops resubmit what was cut.
         self.partial_rollout = False
         self.weight_version = 0
-        self.swap_lock = threading.RLock()  # engine creation vs. a weight swap and its version
+        self._swap_lock = threading.RLock()  # engine creation vs. a weight swap and its version
         self.live_engine: GenerationEngine | None = None
 
     def uses_agent_loop(self, prompts: DataProto) -> bool:
@@ -164,9 +185,19 @@ class AgentLoopRollout(TorchRollout):
         only the engine behind them can be aborted and resumed)."""
         return self.partial_rollout or self.enabled or AGENT_NAME in prompts.non_tensor_batch
 
+    @property
+    def swap_lock(self) -> AbstractContextManager[Any]:
+        return self._swap_lock
+
+    def set_partial_rollout(self, enabled: bool) -> None:
+        self.partial_rollout = bool(enabled)
+
     def generate_sequences(self, prompts: DataProto) -> DataProto:
+        return self.generate_with_metrics(prompts).data
+
+    def generate_with_metrics(self, prompts: DataProto) -> RolloutOutput:
         if not self.uses_agent_loop(prompts):
-            return super().generate_sequences(prompts)
+            return RolloutOutput(super().generate_sequences(prompts), {})
         meta = dict(prompts.meta_info)
         params = self.sampling_params(meta)
         pad = pad_token_id(meta, self.default_pad)
@@ -176,8 +207,12 @@ class AgentLoopRollout(TorchRollout):
         stops = () if params.ignore_eos else params.stop_token_ids
         with self.swap_lock:
             engine = GenerationEngine(
-                self.model, pad, decoder=self.engine_decoder, dtype=self.engine_dtype,
-                max_rows=max(1, len(prompts)), seed=seed,
+                self.model,
+                pad,
+                decoder=self.engine_decoder,
+                dtype=self.engine_dtype,
+                max_rows=max(1, len(prompts)),
+                seed=seed,
             )
             engine.weight_version = self.weight_version
             engine.start()
@@ -185,8 +220,12 @@ class AgentLoopRollout(TorchRollout):
         client = InProcessClient(engine, stop_token_ids=stops)
         try:
             return self.loops.run(
-                prompts, PartialRolloutClient(client) if self.partial_rollout else client, params,
-                seed=seed, pad=pad, prompt_length=self.config.prompt_length or width,
+                prompts,
+                PartialRolloutClient(client) if self.partial_rollout else client,
+                params,
+                seed=seed,
+                pad=pad,
+                prompt_length=self.config.prompt_length or width,
             )
         finally:
             with self.swap_lock:

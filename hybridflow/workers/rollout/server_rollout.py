@@ -19,7 +19,7 @@ from hybridflow.config.actor_rollout_ref import RolloutConfig
 from hybridflow.inference.protocol import InferenceServer
 from hybridflow.protocol import DataProto
 from hybridflow.workers.rollout.agent_loop import AgentLoops, batch_seed
-from hybridflow.workers.rollout.base import BaseRollout, NamedTensors
+from hybridflow.workers.rollout.base import BaseRollout, NamedTensors, RolloutOutput
 from hybridflow.workers.rollout.torch_rollout import pad_token_id, rollout_sampling
 
 
@@ -40,6 +40,9 @@ class ServerRollout(BaseRollout):
         self.default_pad = int(pad) if pad is not None else (self.default_eos[0] if self.default_eos else None)
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
+        return self.generate_with_metrics(prompts).data
+
+    def generate_with_metrics(self, prompts: DataProto) -> RolloutOutput:
         meta = dict(prompts.meta_info)
         params = rollout_sampling(self.config, meta, self.default_eos)
         if params.ignore_eos:
@@ -50,7 +53,11 @@ class ServerRollout(BaseRollout):
         if limit is not None and width > limit:
             raise ValueError(f"prompt length {width} exceeds rollout.prompt_length={limit}")
         return self.loops.run(
-            prompts, self.server, params, seed=batch_seed(meta, self.generator), pad=pad,
+            prompts,
+            self.server,
+            params,
+            seed=batch_seed(meta, self.generator),
+            pad=pad,
             prompt_length=limit or width,
         )
 

@@ -15,7 +15,7 @@ weights via :meth:`update_weights`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -26,10 +26,16 @@ from hybridflow import fields as F
 from hybridflow.config.actor_rollout_ref import RolloutConfig
 from hybridflow.inference.decoders import build_decoder
 from hybridflow.inference.generation import Generated, generate
-from hybridflow.inference.sampling import SamplingParams
+from hybridflow.inference.sampling import GenerationParams
 from hybridflow.inference.weights import load_named_tensors
 from hybridflow.protocol import DataProto
-from hybridflow.workers.rollout.base import ROLLOUTS, BaseRollout, NamedTensors
+from hybridflow.workers.rollout.base import (
+    ROLLOUTS,
+    BaseRollout,
+    NamedTensors,
+    RolloutCapabilities,
+)
+
 
 def _token_ids(value: Any, what: str) -> tuple[int, ...]:
     if value is None:
@@ -57,27 +63,27 @@ def _meta(meta: Mapping[str, Any], key: str, fallback: Any) -> Any:
 
 def pad_token_id(meta: Mapping[str, Any], default: int | None) -> int:
     """The call's pad id: ``meta['pad_token_id']``, else ``default`` (the tokenizer's pad/eos)."""
-    pad = _meta(meta, "pad_token_id", None)
+    pad = _meta(meta, F.META_PAD_TOKEN_ID, None)
     pad = default if pad is None else int(pad)
     if pad is None:
         raise ValueError("no pad token id: pass meta_info['pad_token_id'] or a tokenizer with a pad/eos token")
     return pad
 
 
-def rollout_sampling(config: RolloutConfig, meta: Mapping[str, Any], default_eos: tuple[int, ...]) -> SamplingParams:
+def rollout_sampling(config: RolloutConfig, meta: Mapping[str, Any], default_eos: tuple[int, ...]) -> GenerationParams:
     """Settings for one call: ``config`` (or its ``val_kwargs`` when ``meta['validate']``),
     overridden by the keys the caller put in ``meta``; the stop ids are the EOS ids plus
     ``meta['stop_token_ids']``."""
-    base = config.val_kwargs if bool(_meta(meta, "validate", False)) else config
-    eos = _token_ids(_meta(meta, "eos_token_id", default_eos), "meta_info['eos_token_id']")
-    stops = eos + _token_ids(_meta(meta, "stop_token_ids", None), "meta_info['stop_token_ids']")
-    return SamplingParams(
-        max_new_tokens=int(_meta(meta, "response_length", config.response_length)),
-        temperature=float(_meta(meta, "temperature", base.temperature)),
-        top_k=int(_meta(meta, "top_k", base.top_k)),
-        top_p=float(_meta(meta, "top_p", base.top_p)),
-        do_sample=bool(_meta(meta, "do_sample", base.do_sample)),
-        n=int(_meta(meta, "n", 1)),
+    base = config.val_kwargs if bool(_meta(meta, F.META_VALIDATE, False)) else config
+    eos = _token_ids(_meta(meta, F.META_EOS_TOKEN_ID, default_eos), "meta_info['eos_token_id']")
+    stops = eos + _token_ids(_meta(meta, F.META_STOP_TOKEN_IDS, None), "meta_info['stop_token_ids']")
+    return GenerationParams(
+        max_new_tokens=int(_meta(meta, F.META_RESPONSE_LENGTH, config.response_length)),
+        temperature=float(_meta(meta, F.META_TEMPERATURE, base.temperature)),
+        top_k=int(_meta(meta, F.META_TOP_K, base.top_k)),
+        top_p=float(_meta(meta, F.META_TOP_P, base.top_p)),
+        do_sample=bool(_meta(meta, F.META_DO_SAMPLE, base.do_sample)),
+        n=int(_meta(meta, F.META_N, 1)),
         stop_token_ids=tuple(dict.fromkeys(stops)),
         ignore_eos=config.ignore_eos,
     )
@@ -86,6 +92,8 @@ def rollout_sampling(config: RolloutConfig, meta: Mapping[str, Any], default_eos
 @ROLLOUTS.register("torch")
 class TorchRollout(BaseRollout):
     """The built-in sampler. See the module docstring."""
+
+    capabilities: ClassVar[RolloutCapabilities] = RolloutCapabilities(sleep_wake=True)
 
     def __init__(
         self,
@@ -120,7 +128,7 @@ class TorchRollout(BaseRollout):
         return self.default_eos[0] if self.default_eos else None
 
     # ---- sampling settings -------------------------------------------------------------------
-    def sampling_params(self, meta: Mapping[str, Any]) -> SamplingParams:
+    def sampling_params(self, meta: Mapping[str, Any]) -> GenerationParams:
         """Settings for one call: config (or ``val_kwargs`` when ``meta['validate']``) + overrides."""
         return rollout_sampling(self.config, meta, self.default_eos)
 
@@ -144,15 +152,19 @@ class TorchRollout(BaseRollout):
         params = self.sampling_params(meta)
         pad = pad_token_id(meta, self.default_pad)
         batch = prompts.batch
+        if batch is None:
+            raise ValueError(
+                f"generate_sequences needs batch[{F.INPUT_IDS!r}] (left-padded prompts); the batch has no tensors"
+            )
         for key in (F.INPUT_IDS, F.ATTENTION_MASK, F.POSITION_IDS):
-            if batch is None or key not in batch.keys():
+            if key not in batch.keys():
                 raise ValueError(f"generate_sequences needs batch[{key!r}] (left-padded prompts)")
         input_ids, attention_mask, position_ids = batch[F.INPUT_IDS], batch[F.ATTENTION_MASK], batch[F.POSITION_IDS]
         self._check_lengths(input_ids.shape[1], params.max_new_tokens)
         generator = self.generator
-        if "seed" in meta:
-            generator = torch.Generator(device=input_ids.device).manual_seed(int(meta["seed"]))
-        desc = meta.get("progress_desc")
+        if F.META_SEED in meta:
+            generator = torch.Generator(device=input_ids.device).manual_seed(int(meta[F.META_SEED]))
+        desc = meta.get(F.META_PROGRESS_DESC)
         if not desc:
             out = generate(self.decoder, input_ids, attention_mask, position_ids, params, pad, generator)
             return self._to_dataproto(prompts, params.n, out)
@@ -167,7 +179,7 @@ class TorchRollout(BaseRollout):
         return self._to_dataproto(prompts, params.n, out)
 
     def _to_dataproto(self, prompts: DataProto, n: int, out: Generated) -> DataProto:
-        batch = prompts.batch
+        batch = prompts.require_batch()
         prompt_ids = batch[F.INPUT_IDS].repeat_interleave(n, dim=0)
         prompt_mask = batch[F.ATTENTION_MASK].repeat_interleave(n, dim=0)
         prompt_pos = batch[F.POSITION_IDS].repeat_interleave(n, dim=0)

@@ -27,22 +27,46 @@ off (:meth:`RolloutWorker.set_pull_before_generating`).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import torch
 
+from hybridflow import fields as F
 from hybridflow.config import ActorRolloutRefConfig
 from hybridflow.controller import Dispatch, Worker, register
+from hybridflow.controller.dispatch import (
+    DispatchContext,
+    Dispatched,
+    DispatchMode,
+    collect_dp_compute_data_proto,
+    dispatch_dp_compute_data_proto,
+)
 from hybridflow.engine.base import TrainEngine
-from hybridflow.inference.weight_transfer import named_pairs
-from hybridflow.models import load_model_and_tokenizer, load_tokenizer, policy_attn_implementation, resolve_model_path
+from hybridflow.inference.weight_transfer import NamedTensorPairs, named_pairs
+from hybridflow.models import (
+    load_model_and_tokenizer,
+    load_tokenizer,
+    policy_attn_implementation,
+    resolve_model_path,
+)
 from hybridflow.protocol import DataProto
 from hybridflow.utils.async_run import run_coroutine
 from hybridflow.utils.precision import resolve_compute_dtype
 from hybridflow.weight_sync import ModuleTarget, WeightSync, build_weight_sync
-from hybridflow.workers.rollout.base import ROLLOUTS, BaseRollout, NamedTensors
-from hybridflow.workers.shared_policy import DEFAULT_SHARE_NAME, SharedPolicy, lookup_policy
+from hybridflow.workers.data_parallel import merge_rank_metrics
+from hybridflow.workers.rollout.base import (
+    ROLLOUTS,
+    BaseRollout,
+    NamedTensors,
+    RolloutOutput,
+)
+from hybridflow.workers.shared_policy import (
+    DEFAULT_SHARE_NAME,
+    SharedPolicy,
+    lookup_policy,
+)
 
 SERVER_ENGINES = ("vllm", "sglang")
 
@@ -54,9 +78,38 @@ def resolve_backend(backend: str, shared: SharedPolicy | None) -> str:
         return "shared" if can_share else "inproc"
     if backend == "shared" and not can_share:
         why = "no colocated actor in this process" if shared is None else "the actor's module is sharded (FSDP)"
-        raise ValueError(f"rollout.checkpoint_engine.backend=shared needs the actor's live module, but {why}; "
-                         "use inproc (or naive)")
+        raise ValueError(
+            f"rollout.checkpoint_engine.backend=shared needs the actor's live module, but {why}; use inproc (or naive)"
+        )
     return backend
+
+
+def dispatch_prompts(ctx: DispatchContext, *args: Any, **kwargs: Any) -> Dispatched:
+    """The prompts chunked per rank as ``DP_COMPUTE_PROTO`` does, without auto-padding: the
+    output pairs the data with metrics, which padding rows would skew."""
+    plan = dispatch_dp_compute_data_proto(ctx, *args, **kwargs)
+    if plan.pad_size:
+        raise ValueError(
+            f"generate_sequences does not auto-pad: pad the prompts to a multiple of the {ctx.world_size} "
+            "rollout ranks first (pad_dataproto_to_divisor) and drop the padding rows from the output"
+        )
+    return plan
+
+
+def collect_rollout_outputs(ctx: DispatchContext, outputs: list[Any]) -> RolloutOutput:
+    """The ranks' data concatenated; their metrics as ``{name: [one value per rank]}``."""
+    for rank, out in enumerate(outputs):
+        if not isinstance(out, RolloutOutput):
+            raise TypeError(
+                f"generate_sequences must return a RolloutOutput, but rank {rank} returned a {type(out).__name__}"
+            )
+    return RolloutOutput(
+        collect_dp_compute_data_proto(ctx, [out.data for out in outputs]),
+        merge_rank_metrics([out.metrics for out in outputs]),
+    )
+
+
+DP_ROLLOUT = DispatchMode(dispatch_fn=dispatch_prompts, collect_fn=collect_rollout_outputs)
 
 
 class _ServerTarget:
@@ -120,6 +173,7 @@ class RolloutWorker(Worker):
             self._init_server(rollout_cfg, shared, bucket_bytes)
             return
         if self.backend == "shared":
+            assert shared is not None  # resolve_backend gives "shared" only with a colocated actor
             module, tokenizer = shared.module, shared.tokenizer
         else:
             module, tokenizer = load_model_and_tokenizer(
@@ -132,12 +186,14 @@ class RolloutWorker(Worker):
         # The built-in sampler comes as its agent-loop form: the plain path unless
         # multi_turn.enable is on or a batch has an agent_name column.
         name = "agent_loop" if rollout_cfg.name == "torch" else rollout_cfg.name
-        rollout = ROLLOUTS.get(name)(rollout_cfg, module, tokenizer, dtype=compute_dtype)
+        # every registered rollout takes these arguments; the abstract BaseRollout declares no constructor
+        rollout_cls: Callable[..., BaseRollout] = ROLLOUTS.get(name)
+        rollout = rollout_cls(rollout_cfg, module, tokenizer, dtype=compute_dtype)
         self._rollout = rollout
         kwargs = dict(ce.engine_kwargs)
         if self.backend == "disk" and kwargs.get("dir") is not None:
             kwargs["dir"] = f"{kwargs['dir']}/rank{self.rank}"  # one folder per rank: each loads its own copy
-        target = ModuleTarget(module, on_swap=getattr(rollout, "weights_changed", None))
+        target = ModuleTarget(module, on_swap=rollout.weights_changed)
         self._sync = build_weight_sync(self.backend, target, bucket_bytes, **kwargs)
 
     def _init_server(self, rollout_cfg: Any, shared: SharedPolicy | None, bucket_bytes: int) -> None:
@@ -153,8 +209,12 @@ class RolloutWorker(Worker):
             from hybridflow.inference.client import HttpClient
 
             kwargs = dict(rollout_cfg.checkpoint_engine.engine_kwargs)
-            server = HttpClient(kwargs["url"], api_key=kwargs.get("api_key"),
-                                timeout_s=float(kwargs.get("timeout_s", 600.0)), weight_bucket_bytes=bucket_bytes)
+            server = HttpClient(
+                kwargs["url"],
+                api_key=kwargs.get("api_key"),
+                timeout_s=float(kwargs.get("timeout_s", 600.0)),
+                weight_bucket_bytes=bucket_bytes,
+            )
             self._sync = build_weight_sync("http", server, bucket_bytes)
         self._rollout = ServerRollout(rollout_cfg, server, tokenizer)
 
@@ -172,18 +232,20 @@ class RolloutWorker(Worker):
         """True when sampling from the colocated actor's module (weights are always current)."""
         return self.backend == "shared"
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Responses for this rank's prompts (fields: see :mod:`hybridflow.workers.rollout.base`)."""
+    @register(dispatch_mode=DP_ROLLOUT)
+    def generate_sequences(self, prompts: DataProto) -> RolloutOutput:
+        """Responses for this rank's prompts (fields: see :mod:`hybridflow.workers.rollout.base`),
+        stamped with ``meta_info["weight_version"]``, and the call's metrics. Through a worker
+        group: the ranks' data concatenated, metrics as ``{name: [one value per rank]}``."""
         if self.pull_before_generating:
             self._pull_weights_if_stale(self.weight_version)
-        out = self.rollout.generate_sequences(prompts.to(self.device))
-        if self.config.rollout.free_cache_engine:
+        out, metrics = self.rollout.generate_with_metrics(prompts.to(self.device))
+        if self.config.rollout.free_cache_engine and self.rollout.capabilities.sleep_wake:
             # The packed weights go stale at the next update anyway; holding them (a full copy
             # of the model) through the training phases would only raise peak memory.
             self.rollout.release()
-        out.meta_info["weight_version"] = self.weight_version
-        return out.to("cpu")
+        out.meta_info[F.META_WEIGHT_VERSION] = self.weight_version
+        return RolloutOutput(out.to("cpu"), metrics)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def update_weights(self, weights: NamedTensors | None = None, version: int | None = None) -> dict[str, float]:
@@ -224,14 +286,16 @@ class RolloutWorker(Worker):
         self._synced_engine_version = engine.weights_version
         return True
 
-    def _sync_now(self, pairs: NamedTensors, version: int) -> dict[str, float]:
+    def _sync_now(self, pairs: NamedTensorPairs, version: int) -> dict[str, float]:
         # A rollout that generates on a live engine (partial rollout) must not start one between
         # the swap and the version stamp: both happen under its swap lock.
-        with getattr(self.rollout, "swap_lock", contextlib.nullcontext()):
-            report = self._sync.sync(pairs, version)
-            set_version = getattr(self.rollout, "set_weight_version", None)
-            if set_version is not None:
-                set_version(version)
+        capabilities = self.rollout.capabilities
+        sync = self._sync
+        assert sync is not None  # init_model sets it with the rollout (self.rollout raised otherwise)
+        with self.rollout.swap_lock if capabilities.swap_lock else contextlib.nullcontext():
+            report = sync.sync(pairs, version)
+            if capabilities.weight_version:
+                self.rollout.set_weight_version(version)
         self.weight_version = version
         self.last_sync = {**report.metrics(), "timing_s/weight_sync_transfer": report.seconds}
         return self.last_sync
@@ -247,26 +311,25 @@ class RolloutWorker(Worker):
     def set_partial_rollout(self, enabled: bool) -> None:
         """Partial rollout (asynchronous training): generation runs through the agent loops on
         an engine that :meth:`abort_generation` can interrupt and :meth:`resume_generation`
-        continue, the weights swapped in between."""
-        if enabled and not hasattr(self.rollout, "abort_generation"):
-            raise ValueError(f"partial rollout needs the built-in engine's agent-loop rollout, not "
-                             f"{type(self.rollout).__name__}")
-        self.rollout.partial_rollout = bool(enabled)
+        continue, the weights swapped in between. Needs a rollout whose capabilities declare
+        ``partial_rollout`` (RolloutCapabilityError otherwise); turning it off always works."""
+        self.rollout.set_partial_rollout(bool(enabled))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def abort_generation(self) -> int:
         """Abort the generation in flight (partial rollout): its requests hand back their tokens
         and wait, resubmitted, for :meth:`resume_generation`. Returns how many were aborted."""
-        return self.rollout.abort_generation() if hasattr(self.rollout, "abort_generation") else 0
+        return self.rollout.abort_generation()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def resume_generation(self) -> None:
-        if hasattr(self.rollout, "resume_generation"):
-            self.rollout.resume_generation()
+        """Let the requests :meth:`abort_generation` stopped continue (partial rollout)."""
+        self.rollout.resume_generation()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def release(self) -> None:
-        """Free the engine's memory between rollouts (KV cache, packed weights)."""
+        """Free the engine's memory between rollouts (KV cache, packed weights); needs a rollout
+        whose capabilities declare ``sleep_wake``."""
         self.rollout.release()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

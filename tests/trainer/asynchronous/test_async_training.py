@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from hybridflow.config import ConfigError, load_config
-from hybridflow.trainer.main_ppo import run
-from hybridflow.trainer.ppo_trainer import PPOTrainer
+from hybridflow.entrypoints.train import run
+from hybridflow.trainer.core import PPOTrainer
 from tests.trainer.conftest import cut_then_resume, tiny_overrides
 
+HALF_FLAT_REWARD = Path(__file__).parents[1] / "half_flat_reward.py"
 SYNC_EQUIVALENT = (  # the synchronous run that staleness 0 must equal: bypass, a rollout copy
     "actor_rollout_ref.rollout.calculate_log_probs=true",
     "algorithm.rollout_correction.bypass_mode=true",
@@ -48,16 +49,16 @@ def test_staleness_zero_trains_exactly_the_synchronous_run(tiny_task_dir, tmp_pa
 
 def test_one_step_off_trains_each_batch_one_version_late(tiny_task_dir, tmp_path, tiny_model_dir, monkeypatch):
     from hybridflow import fields as F
-    from hybridflow.trainer.asynchronous import AsyncPPOTrainer
+    from hybridflow.trainer.phases import PolicyUpdate
 
     stamps = []
-    original = AsyncPPOTrainer.update_policy
+    original = PolicyUpdate.run
 
-    def record(self, batch, timer, metrics):
+    def record(self, batch, step, timer, metrics):
         stamps.append(sorted(set(batch.non_tensor_batch[F.WEIGHT_VERSION_MIN].tolist())))
-        return original(self, batch, timer, metrics)
+        return original(self, batch, step, timer, metrics)
 
-    monkeypatch.setattr(AsyncPPOTrainer, "update_policy", record)
+    monkeypatch.setattr(PolicyUpdate, "run", record)
     rows = _train(tiny_task_dir, tmp_path / "run", tiny_model_dir, "async_training.mode=one_step_off",
                   "trainer.test_freq=2")
     steps = [r for r in rows if "fully_async/staleness/max" in r]
@@ -84,10 +85,7 @@ def test_a_resumed_one_step_off_run_trains_no_prompt_twice(tiny_task_dir, tmp_pa
     extra = ("async_training.mode=one_step_off", "trainer.total_training_steps=4", "trainer.save_freq=2",
              "trainer.val_before_train=false")
     full = _train(tiny_task_dir, tmp_path / "full", tiny_model_dir, *extra)
-    from hybridflow.trainer.asynchronous import AsyncPPOTrainer
-
-    cut = cut_then_resume(lambda: _train(tiny_task_dir, tmp_path / "cut", tiny_model_dir, *extra), monkeypatch,
-                          trainer_cls=AsyncPPOTrainer, method="async_step")
+    cut = cut_then_resume(lambda: _train(tiny_task_dir, tmp_path / "cut", tiny_model_dir, *extra), monkeypatch)
     assert [r["training/global_step"] for r in cut] == [1, 2, 3, 4]
     # steps 1-2 are the same run; step 3's batch is the same prompts (same uids and seed), generated again
     assert _comparable(cut)[:2] == _comparable(full)[:2]
@@ -144,11 +142,86 @@ def test_one_step_off_on_ray_with_the_rollout_in_its_own_processes(ray_session, 
 def test_a_one_step_off_run_on_ray_resumes(ray_session, tiny_task_dir, tmp_path, tiny_model_dir, monkeypatch):
     """Resuming on Ray ships the resumed weights to the rollout's own processes (it has no
     colocated actor to pull from) and trains the remaining steps once each."""
-    from hybridflow.trainer.asynchronous import AsyncPPOTrainer
-
     extra = ("async_training.mode=one_step_off", "trainer.backend=ray", "trainer.total_training_steps=3",
              "trainer.save_freq=2", "trainer.val_before_train=false")
-    rows = cut_then_resume(lambda: _train(tiny_task_dir, tmp_path / "run", tiny_model_dir, *extra), monkeypatch,
-                           trainer_cls=AsyncPPOTrainer, method="async_step")
+    rows = cut_then_resume(lambda: _train(tiny_task_dir, tmp_path / "run", tiny_model_dir, *extra), monkeypatch)
     assert [r["training/global_step"] for r in rows] == [1, 2, 3]
     assert rows[-1]["weight_sync/version"] == 3 and rows[-1]["fully_async/staleness/max"] <= 1
+
+
+def _record_trained_prompts(monkeypatch) -> dict[int, list[int]]:
+    """global step → the dataset indices of the prompts its update trains (one per group)."""
+    from hybridflow.trainer.phases import PolicyUpdate
+
+    trained: dict[int, list[int]] = {}
+    original = PolicyUpdate.run
+
+    def record(self, batch, step, timer, metrics):
+        n = self.config.actor_rollout_ref.rollout.n
+        trained[step] = [int(info["index"]) for info in batch.non_tensor_batch["extra_info"][::n]]
+        return original(self, batch, step, timer, metrics)
+
+    monkeypatch.setattr(PolicyUpdate, "run", record)
+    return trained
+
+
+def test_a_fully_async_run_killed_mid_step_resumes_with_every_prompt_trained_once(
+    tiny_task_dir, tmp_path, tiny_model_dir, monkeypatch
+):
+    """32 prompts, 4 per update, 8 steps: one epoch. The rollouter runs up to two versions ahead
+    in chunks of 2, the run checkpoints at step 3 and is killed inside step 5's update; the
+    resume regenerates what was waiting in the buffer or in flight. Steps 1–3 of the first run
+    and 4–8 of the resumed one train each prompt of the epoch exactly once."""
+    from hybridflow.trainer.phases import PolicyUpdate
+
+    trained = _record_trained_prompts(monkeypatch)
+    recorded = PolicyUpdate.run
+
+    def killed(self, batch, step, timer, metrics):
+        if step == 5:
+            recorded(self, batch, step, timer, metrics)  # the update starts; the process dies inside it
+            raise KeyboardInterrupt("killed mid-step")
+        return recorded(self, batch, step, timer, metrics)
+
+    extra = ("async_training.mode=fully_async", "async_training.staleness_threshold=2",
+             "async_training.require_batches=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "trainer.total_training_steps=8",
+             "trainer.save_freq=3", "trainer.test_freq=-1", "data.shuffle=false")
+    monkeypatch.setattr(PolicyUpdate, "run", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _train(tiny_task_dir, tmp_path / "run", tiny_model_dir, *extra)
+    first = {step: list(prompts) for step, prompts in trained.items()}
+    assert sorted(first) == [1, 2, 3, 4, 5]
+    monkeypatch.setattr(PolicyUpdate, "run", recorded)
+    trained.clear()
+    rows = _train(tiny_task_dir, tmp_path / "run", tiny_model_dir, *extra)
+    assert sorted(trained) == [4, 5, 6, 7, 8] and [r["step"] for r in rows if "step" in r][-5:] == [4, 5, 6, 7, 8]
+    epoch = [p for step in (1, 2, 3) for p in first[step]] + [p for step in range(4, 9) for p in trained[step]]
+    assert sorted(epoch) == list(range(32))  # every prompt once: none lost, none repeated
+    assert trained[4] == first[4]  # the waiting groups were regenerated from the same prompts
+
+
+def test_dapo_dynamic_sampling_runs_in_fully_async_mode(tiny_task_dir, tmp_path, tiny_model_dir, monkeypatch):
+    """The group filter sits where samples enter the buffer: every trained group's responses
+    differ in score, every step still trains train_batch_size groups, and the bound holds."""
+    from hybridflow.trainer.phases import PolicyUpdate
+
+    groups: list[list[float]] = []
+    original = PolicyUpdate.run
+
+    def record(self, batch, step, timer, metrics):
+        n = self.config.actor_rollout_ref.rollout.n
+        scores = batch.batch["token_level_scores"].sum(-1).view(-1, n)
+        groups.append([float(row.max() - row.min()) for row in scores])
+        return original(self, batch, step, timer, metrics)
+
+    monkeypatch.setattr(PolicyUpdate, "run", record)
+    rows = _train(tiny_task_dir, tmp_path / "run", tiny_model_dir, "async_training.mode=fully_async",
+                  "async_training.staleness_threshold=1", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "async_training.require_batches=2",
+                  "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score",
+                  "algorithm.filter_groups.max_num_gen_batches=0", "trainer.total_training_steps=3",
+                  f"custom_reward_function.path={HALF_FLAT_REWARD}")
+    steps = [r for r in rows if "fully_async/staleness/max" in r]
+    assert len(steps) == 3 and all(r["fully_async/staleness/max"] <= 1 for r in steps)
+    assert len(groups) == 3 and all(len(g) == 4 and min(g) > 0 for g in groups)  # even-index prompts filtered out
