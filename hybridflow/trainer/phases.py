@@ -179,7 +179,7 @@ class PolicyUpdate:
             self.config.algorithm.adv_estimator,
             token_level_rewards=td[F.TOKEN_LEVEL_REWARDS],
             response_mask=mask,
-            index=batch.non_tensor_batch[F.UID].tolist(),
+            index=batch.non_tensor_batch[F.UID],  # a numpy array, as verl passes it to estimators
             values=optional(F.VALUES),
             reward_baselines=optional(F.REWARD_BASELINES),
             old_log_probs=optional(F.OLD_LOG_PROBS),

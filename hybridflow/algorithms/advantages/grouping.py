@@ -7,10 +7,18 @@ into dense integer ids 0..G−1 in order of first appearance, plus per-group row
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import Any, Protocol
 
 import torch
 
-GroupIndex = Sequence[Hashable] | torch.Tensor
+
+class ArrayLike(Protocol):
+    """A numpy array, typed without importing numpy here: anything with ``tolist()``."""
+
+    def tolist(self) -> Any: ...
+
+
+GroupIndex = Sequence[Hashable] | torch.Tensor | ArrayLike
 
 
 def index_keys(index: object) -> list[Hashable]:
