@@ -94,9 +94,9 @@ def describe_work(trainer: Any) -> list[str]:
     """What this trainer computes per step, read from the decisions it made in ``__init__``."""
     return [
         "rollout: built-in sampler (rollout.name=" + trainer.config.actor_rollout_ref.rollout.name + ")",
-        "old log-probs: " + ("separate no-grad forward (phase old_log_prob)" if trainer.compute_old_log_probs
+        "old log-probs: " + ("separate no-grad forward (phase old_log_prob)" if trainer.policy_update.compute_old_log_probs
                              else "skipped — on-policy: ℓ_old = detached ℓ of the update forward"),
-        "reference log-probs: " + ("no-grad forward of the reference model" if trainer.use_reference else "none"),
+        "reference log-probs: " + ("no-grad forward of the reference model" if trainer.policy_update.use_reference else "none"),
         "prompt columns: " + (
             "each distinct prompt runs once per batch in the update and in the reference pass, its rows "
             "attending to its keys/values (engine/shared_prompt.py: the same outputs, prompt compute ÷ rollout.n)"
