@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [*HYBRIDFLOW, "train", *common, f"trainer.total_training_steps={args.steps}",
                f"trainer.default_local_dir={run_dir}", "distillation.enabled=true",
                f"distillation.teacher_model.model_path={teacher}", "distillation.reward_weight=0", *LOSSES[args.loss],
+               # the clamps the documented numbers were measured with (the defaults before verl's null)
+               "distillation.distillation_loss.loss_max_clamp=10", "distillation.distillation_loss.log_prob_min_clamp=-10",
                *extra]
         if args.lr is not None:
             cmd.append(f"actor_rollout_ref.actor.optim.lr={args.lr}")

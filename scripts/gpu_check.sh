@@ -19,6 +19,11 @@
 #   5 engines   the InferenceServer contract suite (tests/inference/test_server_contract.py) against
 #               the vLLM and SGLang adapters (hybridflow/inference/adapters/), one engine at a time;
 #               an engine whose package does not import is SKIPPED (they are not project deps)
+#   6 hybrid    3 colocated GRPO steps on the tiny model with rollout.name=vllm, then sglang
+#               (free_cache_engine=true, one GPU): prints the rollout calls in order and the GPU
+#               memory in use around each sleep / wake-up (scripts/gpu_check_hybrid.py); OK when
+#               every step ran generate → sleep → train → wake(weights) → push → wake(kv_cache)
+#               and each sleep freed memory; SKIPPED (with the reason) when the package does not import
 # For the e2e runs: train tokens/s = perf/throughput (prompt + response tokens of a step ÷ its
 # time), gen tokens/s = generated tokens ÷ timing_s/gen, averaged over steps 2..4 (step 1
 # includes warm-up).
@@ -139,6 +144,21 @@ for engine in vllm sglang; do
     else  # a run where every test skipped exercised nothing: that is a failure too
         result "RESULT engine-$engine FAIL exit $status $engine=$version ${line:-no summary}; see $OUT_DIR/engine-$engine.log"
     fi
+done
+
+# --- 6 hybrid engine: colocated training with a real vLLM / SGLang rollout ------------------------
+for engine in vllm sglang; do
+    if ! "$PY" -c "import $engine" > "$OUT_DIR/hybrid-$engine-import.log" 2>&1; then
+        result "RESULT hybrid-$engine SKIPPED $engine does not import: $(tail -1 "$OUT_DIR/hybrid-$engine-import.log" | cut -c1-200)"
+        continue
+    fi
+    rm -rf "$OUT_DIR/run-hybrid-$engine"
+    (cd "$REPO" && CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}" "$PY" scripts/gpu_check_hybrid.py "$engine" "$DATA" \
+        tiny-llama "$OUT_DIR/run-hybrid-$engine") > "$OUT_DIR/hybrid-$engine.log" 2>&1
+    status=$?
+    grep -E '^(order:|sleep:|wake_up)' "$OUT_DIR/hybrid-$engine.log"
+    line="$(grep '^RESULT hybrid' "$OUT_DIR/hybrid-$engine.log" | tail -1)"
+    result "${line:-RESULT hybrid-$engine FAIL exit $status; see $OUT_DIR/hybrid-$engine.log: $(tail -c 400 "$OUT_DIR/hybrid-$engine.log" | tr '\n' ' ')}"
 done
 
 echo "summary: $SUMMARY"

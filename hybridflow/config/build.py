@@ -59,8 +59,9 @@ def _prune(cls: type, tree: Mapping[str, Any], report: PruneReport, prefix: str,
             continue  # verl leaves its old name null when the new one is set (optim.warmup_style)
         if new_name is not None:
             report.renamed.append((path, f"{prefix}{new_name}"))
-            if new_name in tree:
-                report.problems.append(f"{path}: verl's name for {prefix}{new_name}; give only one of them")
+            if new_name in tree:  # both names: fine with the same value (verl's files carry both)
+                if tree[new_name] != value:
+                    report.problems.append(f"{path}: verl's name for {prefix}{new_name}; give only one of them")
                 continue
             key, path = new_name, f"{prefix}{new_name}"
         if key not in fields:
@@ -76,12 +77,25 @@ def _prune(cls: type, tree: Mapping[str, Any], report: PruneReport, prefix: str,
 
 def _unknown(path: str, value: Any, siblings: list[str], every: list[str], report: PruneReport) -> None:
     entry = find_ignored(path)
+    if entry is None and isinstance(value, Mapping) and value and _listed_below(path, value):
+        for key, item in value.items():  # a section whose keys the verl tables list one by one
+            _unknown(f"{path}.{key}", item, list(value), every, report)
+        return
     if entry is not None and entry.accepts(value):
         report.ignored.append((path, entry.reason))
     elif entry is not None:
         report.problems.append(f"{path}: not supported by hybridflow ({entry.reason})")
     else:
         report.problems.append(f"{path}: unknown key{suggest(path, siblings, every)}")
+
+
+def _listed_below(path: str, value: Mapping[str, Any]) -> bool:
+    """Whether some key of the section ``path`` is in the verl tables (e.g. verl's model.lora.type)."""
+    return any(
+        find_ignored(f"{path}.{key}") is not None
+        or (isinstance(item, Mapping) and item and _listed_below(f"{path}.{key}", item))
+        for key, item in value.items()
+    )
 
 
 def suggest(path: str, siblings: list[str], every: list[str]) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hybridflow.config.ppo import PPOConfig
 from hybridflow.config.render import render_defaults_yaml, render_reference_markdown, render_verl_markdown
+from hybridflow.config.render_verl import render_verl_files_markdown
 from hybridflow.config.rm import RMConfig
 from hybridflow.config.sft import SFTConfig
 
@@ -32,6 +33,7 @@ RM_DOC = CONFIG_DIR.parents[1] / "docs" / "reward_models.md"
 DOC_REGIONS: dict[str, Callable[[], str]] = {
     "ppo-keys": lambda: render_reference_markdown(PPOConfig),
     "verl-keys": render_verl_markdown,
+    "verl-file-keys": render_verl_files_markdown,
 }
 
 

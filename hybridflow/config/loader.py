@@ -18,7 +18,7 @@ from hybridflow.config.ppo import PPOConfig
 from hybridflow.config.ppo_rules import finalize_ppo_config
 from hybridflow.config.secrets import REDACTED, redacted_secrets
 from hybridflow.config.sources import deep_merge, has_interpolation, merge_sources, resolve_interpolations
-from hybridflow.config.verl_compat import move_keys
+from hybridflow.config.verl_keys import adapt_verl_tree
 
 logger = logging.getLogger("hybridflow.config")
 
@@ -47,8 +47,7 @@ def load_structured(root_cls: type[C], config_files: list[str] | None, overrides
         # Resolved before pruning, so verl-only keys are judged by their values, not "${...}".
         tree = _project(resolve_interpolations(deep_merge(to_dict(root_cls()), tree)), tree)
     report = PruneReport()
-    if root_cls is PPOConfig:
-        tree = move_keys(tree, report.problems, report.renamed)
+    tree = adapt_verl_tree(root_cls, tree, report.problems, report.renamed)
     user = prune(root_cls, tree, report)
     if report.problems:
         raise ConfigError(report.problems)

@@ -70,7 +70,9 @@ class DataConfig:
 class CriticModelConfig:
     """``critic.model``: the value model (the policy architecture with a scalar head)."""
 
-    path: str | None = setting(None, "critic model; null = actor_rollout_ref.model.path")
+    path: str | None = setting(
+        None, "critic model (folder, known name or Hub id `org/name[@revision]`); null = actor_rollout_ref.model.path"
+    )
     dtype: Dtype | None = setting(None, "critic dtype: auto, fp32 or bf16; null = actor_rollout_ref.model.dtype")
     enable_gradient_checkpointing: bool = setting(False, "recompute activations in backward to save memory")
     use_remove_padding: bool | None = setting(
@@ -78,6 +80,12 @@ class CriticModelConfig:
     )
     attn_implementation: AttnImplementation | None = setting(
         None, "attention kernel: auto, eager or sdpa; null = actor_rollout_ref.model.attn_implementation"
+    )
+    # verl's critic LoRA keys: its own settings, not the actor's (verl does not inherit them either)
+    lora_rank: int = setting(0, "critic LoRA rank; 0 = full fine-tuning (the value head is always trained)", ge=0)
+    lora_alpha: float = setting(16.0, "critic LoRA scaling alpha (scale = lora_alpha / lora_rank)", gt=0)
+    target_modules: str | tuple[str, ...] = setting(
+        "all-linear", "critic modules that get LoRA adapters: `all-linear` or a list of module names"
     )
 
 
@@ -148,7 +156,7 @@ class RewardModelModelConfig:
 
     path: str | None = setting(
         None,
-        "a reward-model folder (*ForSequenceClassification, one output, e.g. `hybridflow rm`'s hf/); with "
+        "a reward-model folder (*ForSequenceClassification, one output, e.g. `hybridflow rm`'s hf/) or Hub id; with "
         "custom_reward_function.path: a causal LM served as a judge at reward_router_address",
     )
     input_tokenizer: str | None = setting(

@@ -16,38 +16,20 @@ ending in ``.*`` also matches the section itself.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
 
+from hybridflow.config.verl_key_types import IgnoredKey, MovedKey, RenamedKey, is_off
+from hybridflow.config.verl_keys_new import NEW_IGNORED_KEYS, NEW_MOVED_KEYS
 
-@dataclass(frozen=True)
-class IgnoredKey:
-    pattern: str
-    reason: str
-    only_when_off: bool = False  # True: an unsupported feature, accepted only while switched off
-    # With only_when_off: further values that mean "off" (e.g. verl's "disabled"), or what
-    # hybridflow does anyway (optim.optimizer: AdamW); compared case-insensitively.
-    off_values: tuple[object, ...] = ()
-    # With only_when_off on a section: the keys that switch it on (the rest are its settings)
-    switch_keys: tuple[str, ...] = ()
-
-    def accepts(self, value: object) -> bool:
-        if not self.only_when_off:
-            return True
-        if isinstance(value, dict):
-            keys = [k for k in (self.switch_keys or value) if k in value and k != "_target_"]
-            return all(self.accepts(value[k]) for k in keys)
-        if isinstance(value, str) and value.lower() in {str(v).lower() for v in self.off_values}:
-            return True
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value in self.off_values:
-            return True
-        return is_off(value)
+__all__ = ["IgnoredKey", "MovedKey", "RenamedKey", "is_off"]
 
 
 _ARR = "actor_rollout_ref"
 
 VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey("*._target_", "verl's Hydra instantiation target"),
-    IgnoredKey("defaults", "Hydra defaults list"),
+    IgnoredKey(
+        "defaults", "Hydra defaults list; the defaults here already are hybridflow's (the PPO or SFT trainer's)"
+    ),
     IgnoredKey("hydra.*", "Hydra runtime settings"),
     IgnoredKey("*.fsdp_config.*", "FSDP wrapping/offload knobs; hybridflow's engines choose their own sharding"),
     IgnoredKey("*.megatron.*", "Megatron-LM settings; no Megatron engine here"),
@@ -83,23 +65,12 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey(f"{_ARR}.ref.entropy_from_logits_with_chunking", "the reference computes no entropy"),
     IgnoredKey(f"{_ARR}.*.log_prob_micro_batch_size", "deprecated global micro-batch; use *_per_gpu"),
     IgnoredKey(f"{_ARR}.rollout.mode", "vLLM/SGLang sync or async server mode"),
-    IgnoredKey(f"{_ARR}.rollout.dtype", "the rollout uses actor_rollout_ref.model.dtype"),
-    IgnoredKey(f"{_ARR}.rollout.gpu_memory_utilization", "vLLM/SGLang KV-cache memory share"),
-    IgnoredKey(f"{_ARR}.rollout.tensor_model_parallel_size", "inference tensor parallelism"),
     IgnoredKey(f"{_ARR}.rollout.data_parallel_size", "inference data parallelism"),
     IgnoredKey(f"{_ARR}.rollout.expert_parallel_size", "inference expert parallelism"),
     IgnoredKey(f"{_ARR}.rollout.pipeline_model_parallel_size", "inference pipeline parallelism"),
-    IgnoredKey(f"{_ARR}.rollout.enforce_eager", "vLLM CUDA-graph switch"),
     IgnoredKey(f"{_ARR}.rollout.cudagraph_capture_sizes", "vLLM CUDA-graph sizes"),
-    IgnoredKey(f"{_ARR}.rollout.load_format", "vLLM weight-loading format"),
     IgnoredKey(f"{_ARR}.rollout.layered_summon", "FSDP→vLLM layer-wise weight gathering"),
-    IgnoredKey(f"{_ARR}.rollout.max_num_batched_tokens", "vLLM scheduler budget"),
-    IgnoredKey(f"{_ARR}.rollout.max_model_len", "vLLM context length"),
-    IgnoredKey(f"{_ARR}.rollout.max_num_seqs", "vLLM scheduler limit"),
-    IgnoredKey(f"{_ARR}.rollout.enable_chunked_prefill", "vLLM scheduler option"),
-    IgnoredKey(f"{_ARR}.rollout.enable_prefix_caching", "vLLM cache option"),
-    IgnoredKey(f"{_ARR}.rollout.disable_log_stats", "vLLM logging"),
-    IgnoredKey(f"{_ARR}.rollout.engine_kwargs.*", "extra vLLM/SGLang engine arguments"),
+    IgnoredKey(f"{_ARR}.rollout.engine_kwargs.trtllm", "TensorRT-LLM is not supported", only_when_off=True),
     IgnoredKey(f"{_ARR}.rollout.over_sample_rate", "async over-sampling"),
     IgnoredKey(f"{_ARR}.rollout.multi_stage_wake_up", "vLLM sleep/wake staging"),
     IgnoredKey(
@@ -119,9 +90,6 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey("critic.forward_micro_batch_size", "deprecated global micro-batch; use *_per_gpu"),
     IgnoredKey("critic.model.tokenizer_path", "the critic uses the policy's tokenizer"),
     IgnoredKey("critic.model.trust_remote_code", "taken from actor_rollout_ref.model.trust_remote_code"),
-    IgnoredKey("critic.model.lora_rank", "the critic is trained in full"),
-    IgnoredKey("critic.model.lora_alpha", "the critic is trained in full"),
-    IgnoredKey("critic.model.target_modules", "the critic is trained in full"),
     IgnoredKey("reward_model.strategy", "reward-model engine settings"),
     IgnoredKey(
         "reward_model.micro_batch_size", "deprecated global micro-batch; use reward_model.micro_batch_size_per_gpu"
@@ -170,14 +138,25 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey("data.chat_template", "use model.custom_chat_template", only_when_off=True),
     IgnoredKey("data.prompt_dict_keys", "nested prompt columns are not supported", only_when_off=True),
     IgnoredKey("data.response_dict_keys", "nested response columns are not supported", only_when_off=True),
-    IgnoredKey("data.multiturn.enable_thinking_key", "per-row thinking switches are not supported", only_when_off=True),
+    IgnoredKey(
+        "data.multiturn.enable_thinking_key",
+        "a row's thinking switch is not read; set data.apply_chat_template_kwargs.enable_thinking for all rows",
+    ),
     IgnoredKey("data.sampler.*", "custom samplers are not supported", only_when_off=True),
     IgnoredKey("data.datagen.*", "dynamic data generation is not supported", only_when_off=True),
-    IgnoredKey(f"{_ARR}.model.exclude_modules", "LoRA module exclusion is not supported", only_when_off=True),
+    *(
+        IgnoredKey(f"{model}.exclude_modules", "LoRA module exclusion is not supported", only_when_off=True)
+        for model in (f"{_ARR}.model", "critic.model")  # the critic's: where verl's critic.model.lora.* moves
+    ),
     # verl's current full config (_generated_ppo_trainer.yaml) ----------------------------------
     IgnoredKey(f"{_ARR}.actor.rollout_n", "verl's copy of actor_rollout_ref.rollout.n, which is read"),
     IgnoredKey(f"{_ARR}.ref.rollout_n", "verl's copy of actor_rollout_ref.rollout.n, which is read"),
-    IgnoredKey("*.optim.optimizer", "the optimizer is torch's AdamW", only_when_off=True, off_values=("AdamW",)),
+    IgnoredKey(
+        "*.optim.optimizer",
+        "the optimizer is torch's AdamW (Megatron's adam decouples weight decay: the same)",
+        only_when_off=True,
+        off_values=("AdamW", "adam"),
+    ),
     IgnoredKey(
         "*.optim.optimizer_impl", "the optimizer is torch's AdamW", only_when_off=True, off_values=("torch.optim",)
     ),
@@ -220,8 +199,11 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     ),
     IgnoredKey(f"{_ARR}.model.hf_config_path", "a separate HF config folder is not supported", only_when_off=True),
     IgnoredKey(f"{_ARR}.model.tokenizer_path", "set data.tokenizer for a separate tokenizer", only_when_off=True),
-    IgnoredKey(
-        f"{_ARR}.model.lora_adapter_path", "starting from saved LoRA adapters is not supported", only_when_off=True
+    *(
+        IgnoredKey(
+            f"{model}.lora_adapter_path", "starting from saved LoRA adapters is not supported", only_when_off=True
+        )
+        for model in (f"{_ARR}.model", "critic.model")
     ),
     IgnoredKey("*.tiled_mlp.*", "tiled MLP; a memory option only"),
     IgnoredKey(
@@ -260,13 +242,16 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     # verl's on-policy distillation section (distillation.*) ---------------------------------------
     IgnoredKey(
         "distillation.num_workers",
-        "replicas of verl's teacher server; the teacher here is a worker group on "
-        "the trainer's pool shape (or its own, distillation.teacher_model.enable_resource_pool)",
+        "replicas of verl's teacher server; each teacher here is a worker group on the trainer's pool "
+        "shape (or its own, teacher_models.<name>.enable_resource_pool, or the shared distillation.nnodes)",
     ),
-    IgnoredKey(
-        "distillation.teacher_model.inference.*",
-        "verl's vLLM teacher-server settings; the teacher here "
-        "scores the student's tokens with a forward pass (micro-batching: teacher_model.log_prob_*)",
+    *(
+        IgnoredKey(
+            f"distillation.{teacher}.inference.*",
+            "verl's vLLM teacher-server settings; a teacher here "
+            "scores the student's tokens with a forward pass (micro-batching: its log_prob_* keys)",
+        )
+        for teacher in ("teacher_model", "teacher_models.*")
     ),
     IgnoredKey(
         "distillation.distillation_loss.policy_loss_mode",
@@ -284,18 +269,12 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
         )
         for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high")
     ),
+    *NEW_IGNORED_KEYS,
 )
 
 
-@dataclass(frozen=True)
-class MovedKey:
-    """A verl key that sets one of ours in another section (``old`` and ``new`` are full paths)."""
-
-    old: str
-    new: str
-
-
 VERL_MOVED_KEYS: tuple[MovedKey, ...] = (
+    *NEW_MOVED_KEYS,  # first: verl's newer homes move to the older ones listed below
     MovedKey(f"{_ARR}.actor.optim.clip_grad", f"{_ARR}.actor.grad_clip"),
     MovedKey("critic.optim.clip_grad", "critic.grad_clip"),
     # SAPO's temperatures: verl puts them on the actor, ours sit with the other loss settings
@@ -325,32 +304,48 @@ VERL_MOVED_KEYS: tuple[MovedKey, ...] = (
 )
 
 
-def move_keys(tree: dict, problems: list[str], moved: list[tuple[str, str]]) -> dict:
-    """``tree`` with each :data:`VERL_MOVED_KEYS` entry moved to its new place (in place).
+def move_keys(
+    tree: dict, problems: list[str], moved: list[tuple[str, str]], table: tuple[MovedKey, ...] | None = None
+) -> dict:
+    """``tree`` with each ``table`` entry (default :data:`VERL_MOVED_KEYS`) moved to its new place (in place).
 
-    Both given with different values is a problem; the same value twice is fine (verl's own
-    generated config sets both ``actor.optim.clip_grad`` and ``actor.grad_clip``).
+    A moved section goes leaf by leaf. Both given with different values is a problem; the same
+    value twice is fine (verl's own generated config sets both ``actor.optim.clip_grad`` and
+    ``actor.grad_clip``).
     """
-    for entry in VERL_MOVED_KEYS:
+    for entry in VERL_MOVED_KEYS if table is None else table:
         *old_parents, old_leaf = entry.old.split(".")
         parent = _walk(tree, old_parents)
         if parent is None or old_leaf not in parent:
             continue
         value = parent.pop(old_leaf)
-        if isinstance(value, str) and "${" in value and entry.new in value:
-            value = None  # verl's mirror of the key it moves to, e.g. ${oc.select:reward_model.reward_manager,...}
         if not parent and old_parents:
             _section(tree, old_parents[:-1]).pop(old_parents[-1])  # a section left empty goes too
-        if value is None:
-            continue
-        *new_parents, new_leaf = entry.new.split(".")
-        target = _section(tree, new_parents)
-        if new_leaf in target and target[new_leaf] != value:
-            problems.append(f"{entry.old}={value!r} and {entry.new}={target[new_leaf]!r} set the same thing; give one")
-            continue
-        target[new_leaf] = value
-        moved.append((entry.old, entry.new))
+        for suffix, leaf in _leaves(value):
+            _move_leaf(tree, f"{entry.old}{suffix}", f"{entry.new}{suffix}", leaf, (problems, moved))
     return tree
+
+
+def _leaves(value: object, suffix: str = "") -> list[tuple[str, object]]:
+    """(".a.b", leaf) for each leaf of a non-empty map; ("", value) for anything else."""
+    if not isinstance(value, dict) or not value:
+        return [(suffix, value)]
+    return [pair for key, item in value.items() for pair in _leaves(item, f"{suffix}.{key}")]
+
+
+def _move_leaf(tree: dict, old: str, new: str, value: object, out: tuple[list[str], list[tuple[str, str]]]) -> None:
+    if isinstance(value, str) and "${" in value and new in value:
+        value = None  # verl's mirror of the key it moves to, e.g. ${oc.select:reward_model.reward_manager,...}
+    if value is None:
+        return
+    *new_parents, new_leaf = new.split(".")
+    target = _section(tree, new_parents)
+    if new_leaf in target and target[new_leaf] != value:
+        given = next((first for first, then in out[1] if then == old), old)  # reward.x moved to x before
+        out[0].append(f"{given}={value!r} and {new}={target[new_leaf]!r} set the same thing; give one")
+        return
+    target[new_leaf] = value
+    out[1].append((old, new))
 
 
 def _walk(tree: dict, parts: list[str]) -> dict | None:
@@ -373,14 +368,9 @@ def _section(tree: dict, parts: list[str]) -> dict:
     return node
 
 
-@dataclass(frozen=True)
-class RenamedKey:
-    pattern: str
-    new_name: str  # replaces the last component of the matched key
-
-
 VERL_RENAMED_KEYS: tuple[RenamedKey, ...] = (
     RenamedKey("*.optim.warmup_style", "lr_scheduler_type"),
+    RenamedKey("*.optim.lr_decay_style", "lr_scheduler_type"),  # verl's Megatron optimizer
     # verl's sft_trainer.yaml
     RenamedKey("model.partial_pretrain", "path"),
     RenamedKey("optim.warmup_style", "lr_scheduler_type"),
@@ -404,17 +394,6 @@ def find_ignored(path: str) -> IgnoredKey | None:
         if _matches(path, entry.pattern):
             return entry
     return None
-
-
-def is_off(value: object) -> bool:
-    """True for a value that leaves a feature switched off: null, false, empty, or a map of those."""
-    if value is None or value is False:
-        return True
-    if isinstance(value, (list, tuple, str)):
-        return len(value) == 0
-    if isinstance(value, dict):
-        return all(is_off(v) for v in value.values())
-    return False
 
 
 def renamed_to(path: str) -> str | None:

@@ -272,7 +272,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", action="append", default=[], metavar="FILE", help="YAML config file (repeatable)")
     parser.add_argument("overrides", nargs="*", help="key=value, e.g. data.path=test.parquet data.n_samples=4")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     keep_freed_memory()
     try:
         cfg = load_generation_config(args.config, args.overrides)

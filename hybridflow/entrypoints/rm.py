@@ -15,7 +15,6 @@ folder. Every checkpoint holds ``hf/``, a reward-model folder that
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
@@ -154,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", action="append", default=[], help="YAML config file (repeatable)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.max_length=256 model.lora_rank=8")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     keep_freed_memory()
     try:
         config = load_rm_config(args.config, args.overrides)

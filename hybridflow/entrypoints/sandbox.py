@@ -4,8 +4,10 @@
     hybridflow sandbox --port 8080 --max-concurrent 8 --memory-limit-mb 2048
     hybridflow sandbox --allow-weak-isolation            # process limits only (no bubblewrap here)
 
-Speaks Sandbox Fusion's ``/run_code`` (docs/sandbox.md), so verl's
-``reward_model.sandbox_fusion.url=http://127.0.0.1:8080/run_code`` works against it.
+Speaks Sandbox Fusion's ``/run_code`` (docs/sandbox.md), so a trainer pointed at it works:
+hybridflow's ``reward_model.sandbox_fusion.url=http://127.0.0.1:8080/run_code``, or verl main's
+homes of that key, ``reward.sandbox_fusion.url`` and the root ``sandbox_fusion.url`` (both read as
+the first).
 ``/run_code`` needs ``Authorization: Bearer TOKEN``: ``--token`` (or ``HYBRIDFLOW_SANDBOX_TOKEN``,
 which keeps it out of the process list), else a token generated and printed at start.
 ``--no-token`` turns that off, on a loopback address only.

@@ -4,7 +4,8 @@
     hybridflow serve --model smollm2-135m-instruct --dtype bf16 --host 127.0.0.1 --port 8000
     HYBRIDFLOW_API_KEY=secret hybridflow serve --model PATH --host 0.0.0.0 --allowed-hosts gpu7.lan
 
-``--model`` is an HF folder or a known name (``tiny-llama``, ``smollm2-135m-instruct``).
+``--model`` is an HF folder, a known name (``tiny-llama``, ``smollm2-135m-instruct``) or a Hub id
+(``org/name[@revision]``, downloaded once into the Hugging Face cache).
 The server listens on 127.0.0.1 unless ``--host`` says otherwise and answers only requests
 whose Host header names the address it listens on (``--allowed-hosts`` widens that) and that
 no foreign web page sent (Origin). With ``--api-key`` (or ``HYBRIDFLOW_API_KEY``) every request
@@ -94,7 +95,9 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     from hybridflow.inference.decoders import DECODERS
 
     parser.add_argument(
-        "--model", required=True, help="HF model folder or known name (tiny-llama, smollm2-135m-instruct)"
+        "--model",
+        required=True,
+        help="HF model folder, known name (tiny-llama, smollm2-135m-instruct) or Hub id (org/name[@revision])",
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
@@ -400,7 +403,6 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         print(f"hybridflow serve: error: {err}", file=sys.stderr)
         return 2
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     keep_freed_memory()
     _limit_kernel_caches(args.kernel_cache)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")

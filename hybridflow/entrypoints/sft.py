@@ -12,7 +12,6 @@ on the CPU. Every checkpoint holds ``hf/``, a Hugging Face model folder to start
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from functools import partial
 from typing import Any
@@ -132,7 +131,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", action="append", default=[], help="YAML config file (repeatable)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.max_length=512 model.lora_rank=8")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     keep_freed_memory()
     try:
         config = load_sft_config(args.config, args.overrides)

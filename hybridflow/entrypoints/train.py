@@ -43,6 +43,7 @@ from hybridflow.server.local import LocalServer
 from hybridflow.tracking import Tracking
 from hybridflow.trainer.core import PPOTrainer
 from hybridflow.trainer.phases import WorkerGroups
+from hybridflow.trainer.teachers import TeacherGroups, route_rows, teacher_routes
 from hybridflow.utils.allocator import keep_freed_memory
 from hybridflow.utils.errors import run_main
 from hybridflow.view.plot import plot_run
@@ -174,8 +175,35 @@ class WorkerSpecs:
 
     colocated: dict[str, ClassWithInitArgs]
     rollout: ClassWithInitArgs | None = None
-    teacher: ClassWithInitArgs | None = None
     critic: ClassWithInitArgs | None = None
+    # teachers by name: in pools of their own (enable_resource_pool), and in the teachers' shared pool
+    own_teachers: dict[str, ClassWithInitArgs] = dataclasses.field(default_factory=dict)
+    shared_teachers: dict[str, ClassWithInitArgs] = dataclasses.field(default_factory=dict)
+
+
+def teacher_role(name: str) -> str:
+    """The role name of teacher ``name`` in a colocated group."""
+    return f"teacher/{name}"
+
+
+def teacher_specs(config: PPOConfig, device: str) -> tuple[dict[str, ClassWithInitArgs], ...]:
+    """Each teacher's worker, by placement: ``(colocated with the actor, own pool, shared pool)``."""
+    dist = config.distillation
+    placed: tuple[dict[str, ClassWithInitArgs], ...] = ({}, {}, {})
+    if dist.enabled:
+        check_teacher_keys(config)  # before any model loads
+    for name, teacher in dist.teacher_models.items() if dist.enabled else ():
+        spec = ClassWithInitArgs(
+            TeacherWorker,
+            dist,
+            config.actor_rollout_ref,
+            device=device,
+            student_tokenizer=config.data.tokenizer,
+            name=name,
+        )
+        where = 1 if teacher.enable_resource_pool else (2 if dist.nnodes else 0)
+        placed[where][name] = spec
+    return placed
 
 
 def worker_specs(config: PPOConfig, total_steps: int, use_reference: bool, device: str) -> WorkerSpecs:
@@ -196,12 +224,9 @@ def worker_specs(config: PPOConfig, total_steps: int, use_reference: bool, devic
         seed=trainer.seed,
         distillation=config.distillation,
     )
-    teacher_spec = ClassWithInitArgs(
-        TeacherWorker, config.distillation, arr, device=device, student_tokenizer=config.data.tokenizer
-    )
-    own_teacher = config.distillation.enabled and config.distillation.teacher_model.enable_resource_pool
-    if config.distillation.enabled and not own_teacher:  # in the actor's processes, like the reference
-        roles_spec["teacher"] = teacher_spec
+    colocated_teachers, own_teachers, shared_teachers = teacher_specs(config, device)
+    # in the actor's processes, like the reference
+    roles_spec.update({teacher_role(name): spec for name, spec in colocated_teachers.items()})
     # filled by resolve_ppo_config (= data.max_prompt_length, data.max_response_length)
     assert arr.rollout.prompt_length is not None and arr.rollout.response_length is not None
     critic_spec = ClassWithInitArgs(
@@ -220,16 +245,17 @@ def worker_specs(config: PPOConfig, total_steps: int, use_reference: bool, devic
     return WorkerSpecs(
         roles_spec,
         rollout=rollout if separate_rollout else None,
-        teacher=teacher_spec if own_teacher else None,
         critic=critic_spec if config.critic.enable and not colocate_critic else None,
+        own_teachers=own_teachers,
+        shared_teachers=shared_teachers,
     )
 
 
 def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> WorkerGroups:
     """Actor + rollout (+ reference, + distillation teacher) colocated per rank; the critic with
     them (default) or in its own processes (``trainer.critic_placement=separate``); the rollout in
-    its own processes for asynchronous training on Ray; the teacher in its own with
-    ``distillation.teacher_model.enable_resource_pool``."""
+    its own processes for asynchronous training on Ray; a teacher in its own with its
+    ``enable_resource_pool``, or in the teachers' shared pool (``distillation.nnodes``)."""
     trainer = config.trainer
     device = resolve_device(trainer.device)
     # use_gpu: on Ray each rank gets its own GPU (CUDA_VISIBLE_DEVICES); the local backend ignores it
@@ -242,7 +268,8 @@ def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> W
     specs = worker_specs(config, total_steps, use_reference, device)
     group = create_worker_group(trainer.backend, pool, colocated_class(specs.colocated))
     roles = group.spawn()
-    for role in ("actor", "rollout", "ref", "teacher", "critic"):  # actor first: it publishes the live policy
+    teachers = [role for role in roles if role.startswith("teacher/")]
+    for role in ("actor", "rollout", "ref", *teachers, "critic"):  # actor first: it publishes the live policy
         if role in roles:
             roles[role].init_model()
     owners = [group]
@@ -253,9 +280,8 @@ def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> W
         owners.append(own_worker_group(trainer.backend, shape, spec, device))
         return owners[-1]
 
-    t = config.distillation.teacher_model
     rollout_group = own("rollout", specs.rollout, trainer_shape)
-    teacher = own("teacher", specs.teacher, [t.n_gpus_per_node] * t.nnodes)  # the teacher's own processes (Ray)
+    teacher = build_teacher_groups(config, specs, roles, owners, device)
     rm = build_reward_model_workers(config, device) if config.reward_model.enable and not serves_judge(config) else None
     if rm is not None:
         owners.append(rm)
@@ -269,6 +295,41 @@ def build_workers(config: PPOConfig, total_steps: int, use_reference: bool) -> W
         teacher=teacher,
         owners=owners,
     )
+
+
+def build_teacher_groups(
+    config: PPOConfig, specs: WorkerSpecs, roles: dict[str, Any], owners: list[Any], device: str
+) -> TeacherGroups | None:
+    """The teachers' handle for phase 4b: those colocated with the actor (``roles``), each one in a
+    pool of its own, and those sharing the teachers' pool; groups that own processes join ``owners``."""
+    dist, backend = config.distillation, config.trainer.backend
+    groups = {name: roles[teacher_role(name)] for name in dist.teacher_models if teacher_role(name) in roles}
+    for name, spec in specs.own_teachers.items():
+        t = dist.teacher_models[name]
+        groups[name] = own_worker_group(backend, [t.n_gpus_per_node] * t.nnodes, spec, device)
+        owners.append(groups[name])
+    if specs.shared_teachers:
+        pool = ResourcePool([dist.n_gpus_per_node] * dist.nnodes, use_gpu=device == "cuda")
+        shared = create_worker_group(
+            backend, pool, colocated_class({teacher_role(n): s for n, s in specs.shared_teachers.items()})
+        )
+        owners.append(shared)
+        spawned = shared.spawn()
+        for name in specs.shared_teachers:
+            spawned[teacher_role(name)].init_model()
+            groups[name] = spawned[teacher_role(name)]
+    if not groups:
+        return None
+    return TeacherGroups(teacher_routes(dist, groups), config.data.reward_fn_key)
+
+
+def check_teacher_keys(config: PPOConfig) -> None:
+    """Fail at start-up, not at the first step, when a training row's data source has no teacher."""
+    routes = teacher_routes(config.distillation, {})
+    if len(routes) == 1 and routes[0].key is None:
+        return
+    files = [os.path.expanduser(f) for f in config.data.train_files]
+    route_rows([s for f in files for s in read_column(f, config.data.reward_fn_key)], routes)
 
 
 def own_worker_group(backend: str, shape: list[int], spec: ClassWithInitArgs, device: str):
@@ -292,12 +353,26 @@ def build_reward_model_workers(config: PPOConfig, device: str):
     return own_worker_group(trainer.backend, shape, spec, device)
 
 
+def other_model_paths(config: PPOConfig) -> list[str]:
+    """The model folders / names / Hub ids besides the actor's that this run's workers will load."""
+    paths = [config.data.tokenizer, config.critic.model.path]
+    if config.reward_model.enable:
+        paths += [config.reward_model.model.path, config.reward_model.model.input_tokenizer]
+    if config.distillation.enabled:
+        paths += [t.model_path for t in config.distillation.teacher_models.values()]
+    # a local folder needs nothing fetched (and a tokenizer-only folder has no config.json to check)
+    actor = config.actor_rollout_ref.model.path
+    return [p for p in dict.fromkeys(paths) if p and p != actor and not Path(p).expanduser().exists()]
+
+
 def build_trainer(config: PPOConfig) -> PPOTrainer:
     torch.manual_seed(config.trainer.seed)
     check_data_files(
         {"data.train_files": tuple(config.data.train_files), "data.val_files": tuple(config.data.val_files)}
     )
     model_path = resolve_model_path(config.actor_rollout_ref.model.path)
+    for other in other_model_paths(config):
+        resolve_model_path(other)  # a Hub id is downloaded once here, before any worker or child process reads it
     tokenizer = load_tokenizer(config.data.tokenizer or model_path)
     train_loader, val_loader = build_loaders(config, tokenizer)
     total_steps = config.trainer.total_training_steps or len(train_loader) * config.trainer.total_epochs
@@ -340,7 +415,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config-name", default=None, help="hydra style: NAME[.yaml] in --config-path (read first)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.adv_estimator=rloo")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     keep_freed_memory()
     try:
         hydra_file = hydra_config_file(args.config_path, args.config_name)

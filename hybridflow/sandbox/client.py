@@ -9,7 +9,8 @@ runs:
   weaker than bubblewrap unless ``allow_weak_isolation`` is ``True`` (a real bool), and then
   logs a warning each time one is built.
 * :class:`FusionSandbox` — ``POST {url}/run_code`` (``hybridflow sandbox`` or a real Sandbox
-  Fusion server, verl's ``reward_model.sandbox_fusion.url``), at most ``max_concurrent``
+  Fusion server; the trainer's ``reward_model.sandbox_fusion.url``, which verl main's
+  ``reward.sandbox_fusion.url`` and root ``sandbox_fusion.url`` also set), at most ``max_concurrent``
   requests at once. A server that cannot be reached or answers 5xx is retried ``retries``
   times with a growing pause; then :class:`SandboxUnavailableError` names the URL — a run is
   never silently scored as a failure.
@@ -155,5 +156,6 @@ class FusionSandbox:
                     await asyncio.sleep(0.5 * 2**attempt)
         raise SandboxUnavailableError(
             f"sandbox {self.endpoint} is unavailable after {self.retries + 1} attempts ({last}); "
-            "start it with `hybridflow sandbox` or fix reward_model.sandbox_fusion.url"
+            "start it with `hybridflow sandbox` or fix the URL (reward_model.sandbox_fusion.url, or verl's "
+            "reward.sandbox_fusion.url / sandbox_fusion.url)"
         )

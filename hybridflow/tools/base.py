@@ -27,8 +27,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Union, overload
 
-ToolOutput = tuple[str, float, dict[str, Any]]
-"""What ``execute`` returns: the text shown to the model, a step reward, metrics."""
+ToolOutput = tuple[str, float | None, dict[str, Any]]
+"""What ``execute`` returns: the text shown to the model, a step reward (None: none, as verl's
+``tool_rewards`` skips it), metrics."""
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 

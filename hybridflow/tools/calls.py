@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from hybridflow.tools.base import BaseTool
 from hybridflow.tools.tool_loop import ToolTimeout, run_on_tool_loop
+from hybridflow.utils.errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +57,16 @@ def truncate_tool_text(text: str, max_length: int, side: str = "middle") -> str:
     return text[:head] + TRUNCATED + "..." + (text[len(text) - tail :] if tail else "")
 
 
+class FatalToolError(InputError, RuntimeError):
+    """A tool's answer that the run cannot use (e.g. images, which are not supported): raised
+    out of the trajectory instead of becoming the model's error text, so the run stops with a
+    message naming the tool."""
+
+
 @dataclass(frozen=True)
 class ToolCallResult:
     """One call's outcome: the (truncated) text for the model, the tool's step reward (None
-    when the call failed before the tool answered), its metrics, and whether it failed."""
+    when the call failed or the tool gave none), its metrics, and whether it failed."""
 
     text: str
     reward: float | None = None
@@ -136,18 +143,20 @@ class ToolSession:
             return _error(f"tool {name!r} could not start: {_describe(exc)}")
         try:
             outcome = await run_on_tool_loop(partial(tool.execute, instance_id, parameters), self.timeout_s)
+        except FatalToolError:
+            raise
         except ToolTimeout:
             return _error(f"tool {name!r} did not finish within {self.timeout_s:g} s")
         except Exception as exc:  # noqa: BLE001 - any failure of the tool's code is the model's error text
             return _error(f"tool {name!r} failed: {_describe(exc)}")
         try:
             text, reward, metrics = outcome
-            reward = float(reward)
+            reward = None if reward is None else float(reward)
         except (TypeError, ValueError):
             return _error(f"tool {name!r} returned {type(outcome).__name__}, not (text, reward, metrics)")
         except OverflowError:  # an int such as 10**400
             return _error(f"tool {name!r} returned a reward too large for a float, not a finite number")
-        if not math.isfinite(reward):
+        if reward is not None and not math.isfinite(reward):
             # a NaN or inf step reward would poison the trajectory's reward sum
             return _error(f"tool {name!r} returned the reward {reward}, not a finite number")
         text = text if isinstance(text, str) else str(text)

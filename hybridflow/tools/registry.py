@@ -14,17 +14,21 @@ verl's tool file::
             description: ...
             parameters: {type: object, properties: {...}, required: [...]}
 
-Each entry builds ``cls(config=<config mapping>, tool_schema=<schema or None>)``. A function
-tool file is a Python file whose module-level ``@function_tool`` functions become tools.
-Everything wrong here is a start-up error that names the file and the entry: a missing
-class, a class that is not a :class:`~hybridflow.tools.base.BaseTool`, a bad schema, two
-tools with one name.
+Each entry builds ``cls(config=<config mapping>, tool_schema=<schema or None>)``. A class
+with verl's tool interface is wrapped in :class:`~hybridflow.tools.verl_adapter.VerlToolAdapter`.
+verl's own tool classes (``verl.tools.gsm8k_tool.Gsm8kTool``, ...) are used when verl is
+installed; otherwise the ones with a built-in equivalent map onto it (:data:`VERL_BUILTINS`)
+and the others are a start-up error saying what to do. A function tool file is a Python file
+whose module-level ``@function_tool`` functions become tools. Everything wrong here is a
+start-up error that names the file and the entry: a missing class, a class that is neither
+kind of tool, a bad schema, two tools with one name.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -33,10 +37,27 @@ from typing import Any
 import yaml
 
 from hybridflow.tools.base import BaseTool, FunctionTool
+from hybridflow.tools.verl_adapter import VerlToolAdapter, verl_shape_problems
 from hybridflow.utils.errors import InputError
 from hybridflow.utils.user_code import import_user_file
 
+logger = logging.getLogger(__name__)
+
 FUNCTION_TOOL_MODULE_PREFIX = "hybridflow_function_tools"
+
+VERL_BUILTINS: dict[str, str] = {
+    "verl.tools.gsm8k_tool.Gsm8kTool": "hybridflow.tools.gsm8k.Gsm8kAnswerTool",
+    "verl.tools.sandbox_fusion_tools.SandboxFusionTool": "hybridflow.tools.sandbox_fusion.SandboxFusionTool",
+}
+"""verl's tool classes → the built-in used when verl is not installed."""
+
+VERL_WITHOUT_EQUIVALENT: dict[str, str] = {
+    "verl.tools.search_tool.SearchTool": "a client of a retrieval server",
+    "verl.tools.geo3k_tool.Geo3kTool": "the geometry3k answer-scoring tool",
+    "verl.tools.image_zoom_in_tool.ImageZoomInTool": "an image tool (multi-modal tools are not supported)",
+    "verl.tools.mcp_search_tool.MCPSearchTool": "an MCP tool (config.type 'mcp' is not supported)",
+}
+"""verl's tool classes with no built-in equivalent: what each is, for the error message."""
 
 
 class ToolConfigError(InputError, ValueError):
@@ -94,15 +115,49 @@ def load_tool_config(path: str | os.PathLike[str]) -> list[BaseTool]:
         kind = config.get("type", "native")
         if kind != "native":
             raise ToolConfigError(f"{where}: config.type {kind!r} is not supported; only 'native' tools run here")
-        schema = entry.get("tool_schema")
-        cls = import_class(class_name, f"{where}.class_name")
-        if not issubclass(cls, BaseTool):
-            raise ToolConfigError(f"{where}: {class_name} is not a subclass of hybridflow.tools.base.BaseTool")
-        try:
-            tools.append(cls(config=dict(config), tool_schema=schema))
-        except (ValueError, TypeError) as exc:
-            raise ToolConfigError(f"{where} ({class_name}): {exc}") from exc
+        tools.append(build_tool(class_name, dict(config), entry.get("tool_schema"), where))
     return tools
+
+
+def build_tool(class_name: str, config: dict[str, Any], schema: Any, where: str) -> BaseTool:
+    """One tool from a YAML entry: a hybridflow tool as it is, a verl-style one wrapped."""
+    cls = resolve_tool_class(class_name, where)
+    native = issubclass(cls, BaseTool)
+    problems = [] if native else verl_shape_problems(cls)
+    if problems:
+        raise ToolConfigError(
+            f"{where}: {class_name} is neither a subclass of hybridflow.tools.base.BaseTool nor a "
+            f"verl-style tool class ({'; '.join(problems)})"
+        )
+    try:
+        return cls(config=config, tool_schema=schema) if native else VerlToolAdapter(cls, config, schema)
+    except (ValueError, TypeError, KeyError, AssertionError) as exc:  # verl's tools check their config with assert
+        raise ToolConfigError(f"{where} ({class_name}): {exc}") from exc
+
+
+def resolve_tool_class(class_name: str, where: str) -> type:
+    """The class a YAML ``class_name`` names; verl's built-in tools map as :data:`VERL_BUILTINS`
+    says when verl is not importable, so verl's example files load unchanged."""
+    if (class_name in VERL_BUILTINS or class_name in VERL_WITHOUT_EQUIVALENT) and _module_missing(class_name):
+        if class_name in VERL_WITHOUT_EQUIVALENT:
+            raise ToolConfigError(
+                f"{where}: {class_name} ({VERL_WITHOUT_EQUIVALENT[class_name]}) is verl's tool class and verl is "
+                "not installed; hybridflow has no built-in equivalent. Install verl to run verl's class through "
+                "the adapter, or name your own tool class (hybridflow BaseTool or verl-style) in class_name"
+            )
+        logger.info(
+            "%s: verl is not installed; %s runs as hybridflow's %s", where, class_name, VERL_BUILTINS[class_name]
+        )
+        return import_class(VERL_BUILTINS[class_name], f"{where}.class_name")
+    return import_class(class_name, f"{where}.class_name")
+
+
+def _module_missing(class_name: str) -> bool:
+    """Whether the module of ``class_name`` cannot be found (its package absent included)."""
+    try:
+        return importlib.util.find_spec(class_name.rpartition(".")[0]) is None
+    except (ImportError, ValueError):
+        return True
 
 
 def load_function_tools(path: str | os.PathLike[str]) -> list[FunctionTool]:

@@ -8,10 +8,12 @@
                               (buffer.py)
 
     fit():  resume → [validate] → for each step: step() → validate / log / checkpoint on schedule
-    step(): batch   = schedule.next_batch()      sync: produce until one batch is buffered, take it
+    step(): batch   = schedule.next_batch()      sync: produce until one batch is buffered, take it,
+                                                       then rollout.sleep() (free_cache_engine)
                                                  async: take the update's groups from the rollouter's buffer
             batch   = policy_update.run(batch)   old logp, ref, values, advantage, critic/actor updates
-            schedule.after_update()              weight sync (every step, or every sync_every updates)
+            schedule.after_update()              weight sync (every step, or every sync_every updates);
+                                                 sync: rollout.wake_up(weights) → push → wake_up(kv_cache)
 
 The schedule (``schedules/``) is the only thing that differs between ``sync``, ``one_step_off``
 and ``fully_async``; validation (``validation.py``) and ReMax's greedy baseline use the same

@@ -109,7 +109,10 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        """Load the policy backbone + a seeded value head (fp32 parameters) and its engine."""
+        """Load the policy backbone + a seeded value head (fp32 parameters) and its engine.
+
+        With ``model.lora_rank > 0`` the backbone carries LoRA adapters and only they and the
+        value head are trainable (the engine optimizes parameters that require grad)."""
         cfg = self.config
         # set: _check_resolved (in __init__) refuses a config with these keys None
         assert cfg.model.path is not None and cfg.model.dtype is not None and cfg.strategy is not None
@@ -118,6 +121,9 @@ class CriticWorker(Worker):
             cfg.model.path,
             dtype="fp32",
             gradient_checkpointing=cfg.model.enable_gradient_checkpointing,
+            lora_rank=cfg.model.lora_rank,
+            lora_alpha=cfg.model.lora_alpha,
+            target_modules=_target_modules(cfg.model.target_modules),
             trust_remote_code=self.trust_remote_code,
             seed=self.seed,
             attn_implementation=_critic_attention(cfg, self.device, self.max_tokens),
@@ -198,6 +204,11 @@ class CriticWorker(Worker):
     def load_checkpoint(self, path: str, load_optimizer: bool = True) -> None:
         self.engine.load_checkpoint(path, load_optimizer=load_optimizer)
         load_shuffle_state(path, self.rank, self._shuffle_generator)
+
+
+def _target_modules(value: str | tuple[str, ...]) -> str | list[str]:
+    """peft takes a module-name list, the frozen config a tuple."""
+    return value if isinstance(value, str) else list(value)
 
 
 def _tensor_batch(data: DataProto, what: str) -> TensorDict:

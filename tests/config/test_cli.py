@@ -31,7 +31,13 @@ def test_invalid_config_exits_2_with_the_problems(capsys):
 
 def test_module_entry_point_runs():
     result = subprocess.run(
-        [sys.executable, "-m", "hybridflow.entrypoints.config", "algorithm.adv_estimator=gae", f"{ARR}.rollout.gpu_memory_utilization=0.5"],
+        [
+            sys.executable,
+            "-m",
+            "hybridflow.entrypoints.config",
+            "algorithm.adv_estimator=gae",
+            "trainer.esi_redundant_time=0",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -39,7 +45,15 @@ def test_module_entry_point_runs():
     )
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(result.stdout)["critic"]["enable"] is True
-    assert f"ignored: {ARR}.rollout.gpu_memory_utilization (vLLM/SGLang KV-cache memory share)" in result.stderr
+    assert "ignored: trainer.esi_redundant_time (elastic-server checkpoint timing)" in result.stderr
+
+
+def test_sft_trainer_config_with_verls_engine_keys(capsys):
+    assert main(["--trainer", "sft", "data.messages_key=conversation", "data.max_length=512"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["data"]["multiturn"]["messages_key"] == "conversation" and printed["data"]["max_length"] == 512
+    assert "actor_rollout_ref" not in printed
+    assert main(["data.max_length=512"]) == 2  # a PPO config has no data.max_length
 
 
 def test_printed_config_reloads_to_the_same_config(tmp_path, capsys):

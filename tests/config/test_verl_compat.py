@@ -73,8 +73,6 @@ def test_gsm8k_grpo_quickstart_parses(caplog):
     ignored = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ignored: ")]
     assert ignored == [
         f"ignored: {ARR}.actor.fsdp_config (FSDP wrapping/offload knobs; hybridflow's engines choose their own sharding)",
-        f"ignored: {ARR}.rollout.tensor_model_parallel_size (inference tensor parallelism)",
-        f"ignored: {ARR}.rollout.gpu_memory_utilization (vLLM/SGLang KV-cache memory share)",
         f"ignored: {ARR}.ref.fsdp_config (FSDP wrapping/offload knobs; hybridflow's engines choose their own sharding)",
     ]
 
@@ -138,7 +136,8 @@ def test_renamed_and_new_name_together_is_an_error():
         (f"{ARR}.actor.fsdp_config", True),
         (f"{ARR}.actor.fsdp_config.wrap_policy.min_num_params", True),
         ("critic.model.fsdp_config.param_offload", True),
-        (f"{ARR}.rollout.engine_kwargs.vllm.swap_space", True),
+        (f"{ARR}.rollout.engine_kwargs.trtllm", True),
+        (f"{ARR}.model.lora.merge", True),
         ("ray_kwargs.ray_init.num_cpus", True),
         ("trainer.use_legacy_worker_impl", True),
         ("trainer.seedx", False),

@@ -40,7 +40,8 @@ def test_stdin_programs_score_the_fraction_passed():
     right = fenced("a, b = map(int, input().split())\nprint(a + b)")
     wrong_one = fenced("a, b = map(int, input().split())\nprint(a + b if a else 1)")
     assert compute_score(right, STDIN_TESTS, sandbox=SPEC) == {
-        "score": 1.0, "acc": 1.0, "passed": 3, "total": 3, "verdicts": "PPP", "status": "ran"}
+        "score": 1.0, "acc": 1.0, "pred": "a, b = map(int, input().split())\nprint(a + b)\n", "passed": 3, "total": 3,
+        "verdicts": "PPP", "status": "ran"}
     partial = compute_score(wrong_one, STDIN_TESTS, sandbox=SPEC)
     assert partial["score"] == pytest.approx(2 / 3) and partial["verdicts"] == "PPF" and partial["acc"] == 0.0
     strict = compute_score(wrong_one, STDIN_TESTS, sandbox=CodeSandboxSpec(timeout_s=3, all_or_nothing=True,

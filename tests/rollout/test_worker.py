@@ -112,24 +112,27 @@ def test_unknown_rollout_name_is_a_clear_error(tiny_model_dir):
         worker.init_model()
 
 
-@pytest.mark.parametrize("free", [True, False])
-def test_free_cache_engine_releases_the_packed_weights_and_cache_after_generating(tiny_model_dir, encode, free):
+def test_sleep_frees_the_built_in_engines_packed_weights_and_cache(tiny_model_dir, encode):
+    """The built-in sampler keeps its KV cache and packed weights between generations; the
+    trainer's ``sleep`` (colocated, free_cache_engine) frees them, and the next generation
+    rebuilds them (``wake_up`` has nothing to restore)."""
     config = load_config(
         None,
         [
             f"actor_rollout_ref.model.path={tiny_model_dir}",
             "actor_rollout_ref.model.dtype=fp32",
             "actor_rollout_ref.rollout.response_length=6",
-            f"actor_rollout_ref.rollout.free_cache_engine={str(free).lower()}",
         ],
     )
     rollout = RolloutWorker(config.actor_rollout_ref, share_name=None)
     rollout.init_model()
     decoder = rollout.rollout.decoder
     first = rollout.generate_sequences(_prompts(encode, seed=3)).data
-    packed = [p._packed_weight is not None for p in decoder._projections()]
-    assert (decoder.cache is None) == free
-    assert (not any(packed)) if free else all(packed)
-    # released state is rebuilt on the next call: same seed, same tokens
+    assert decoder.cache is not None and all(p._packed_weight is not None for p in decoder._projections())
+    rollout.sleep()
+    assert decoder.cache is None and not any(p._packed_weight is not None for p in decoder._projections())
+    rollout.wake_up(["weights"])
+    rollout.wake_up(["kv_cache"])
+    assert decoder.cache is None  # nothing restored eagerly
     again = rollout.generate_sequences(_prompts(encode, seed=3)).data
     assert torch.equal(first.batch[F.RESPONSES], again.batch[F.RESPONSES])

@@ -99,7 +99,7 @@ def test_build_tools_merges_sources(tmp_path):
     [
         ("tools:\n  - class_name: hybridflow.tools.calculator.NoSuchTool\n", "has no attribute 'NoSuchTool'"),
         ("tools:\n  - class_name: no_such_pkg_xyz.Tool\n", "cannot import module 'no_such_pkg_xyz'"),
-        ("tools:\n  - class_name: hybridflow.tools.calls.ToolSession\n", "not a subclass of hybridflow.tools.base.BaseTool"),
+        ("tools:\n  - class_name: hybridflow.tools.calls.ToolSession\n", "neither a subclass of hybridflow.tools.base.BaseTool nor a verl-style tool class"),
         ("tools:\n  - class_name: hybridflow.tools.base.BaseTool\n", "Can't instantiate abstract class BaseTool"),
         ("tools:\n  - class_name: hybridflow.tools.calculator.CalculatorTool\n    config: {type: mcp}\n", "only 'native'"),
         ("tools:\n  - class_name: hybridflow.tools.calculator.CalculatorTool\n    schema: {}\n", "unknown key"),

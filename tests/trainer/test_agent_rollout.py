@@ -285,7 +285,8 @@ def test_grpo_run_with_tool_agent_trains_and_validates(tiny_task_dir, tiny_model
         # one_step_off: the loops run on the rollouter thread
         *((f"async_training.mode={mode}",) if mode != "distill" else (
             "distillation.enabled=true", f"distillation.teacher_model.model_path={tiny_model_dir}",
-            "distillation.distillation_loss.loss_mode=k1", "distillation.teacher_model.dtype=fp32")),
+            "distillation.distillation_loss.loss_mode=k1", "distillation.distillation_loss.use_policy_gradient=true",
+            "distillation.teacher_model.dtype=fp32")),
     ))
     trainer = build_trainer(cfg)
     try:

@@ -19,6 +19,8 @@ from tests.numerics import TINY_DEPTH, TINY_WIDTH, assert_close_across
 
 from .conftest import cut_then_resume, tiny_overrides
 
+FOLDED = "distillation.distillation_loss.use_policy_gradient=true"  # the divergence as a per-token reward
+
 
 @pytest.fixture(scope="module")
 def other_teacher_dir(tmp_path_factory) -> Path:
@@ -77,7 +79,7 @@ def test_folded_reward_of_an_identical_teacher_is_zero(tiny_task_dir, tmp_path, 
     """k1 as a per-token reward, no task reward: a teacher equal to the student gives every token
     reward 0 at step 1, so the policy gradient is exactly 0."""
     rows = _train(tiny_task_dir, tmp_path / "run", tiny_model_dir, "trainer.total_training_steps=1",
-                  *_distill(tiny_model_dir, "distillation.distillation_loss.loss_mode=k1",
+                  *_distill(tiny_model_dir, "distillation.distillation_loss.loss_mode=k1", FOLDED,
                             "distillation.reward_weight=0"))
     first = rows[0]
     assert first["distill/token_reward_mean"] == 0.0
@@ -100,7 +102,7 @@ def test_folded_reward_is_the_teachers_log_ratio_per_token(
 
     monkeypatch.setattr(PolicyUpdate, "update_actor", spy)
     _train(tiny_task_dir, tmp_path / "run", tiny_model_dir, "trainer.total_training_steps=2",
-           *_distill(other_teacher_dir, "distillation.distillation_loss.loss_mode=k1",
+           *_distill(other_teacher_dir, "distillation.distillation_loss.loss_mode=k1", FOLDED,
                      "distillation.reward_weight=0.5", "distillation.distillation_loss.distillation_loss_coef=2",
                      "distillation.distillation_loss.loss_max_clamp=null",
                      "distillation.distillation_loss.log_prob_min_clamp=null"))
@@ -163,7 +165,8 @@ def test_a_distillation_run_resumes_exactly_and_saves_no_teacher(
         (("distillation.enabled=true",), "needs distillation.teacher_model.model_path"),
         (("distillation.distillation_loss.loss_mode=nope",), "unknown distillation loss 'nope'"),
         (("distillation.enabled=true", "distillation.teacher_model.model_path=x",
-          "distillation.distillation_loss.loss_mode=forward_kl_topk"), "set distillation.distillation_loss.use_policy"),
+          "distillation.distillation_loss.loss_mode=forward_kl_topk", FOLDED),
+         "set distillation.distillation_loss.use_policy"),
         (("distillation.enabled=true", "distillation.teacher_model.model_path=x",
           "distillation.distillation_loss.loss_mode=k1", "distillation.distillation_loss.use_policy_gradient=false"),
          "does not depend on the teacher"),
@@ -183,9 +186,10 @@ def test_bad_distillation_configs_are_refused(make_config, overrides, message):
 def test_verl_use_task_rewards_false_means_reward_weight_zero(make_config):
     assert make_config("distillation.distillation_loss.use_task_rewards=false").distillation.reward_weight == 0.0
     assert make_config().distillation.reward_weight == 1.0
-    cfg = make_config("distillation.teacher_model.log_prob_micro_batch_size_per_gpu=null",
+    cfg = make_config("distillation.teacher_model.model_path=x",
+                      "distillation.teacher_model.log_prob_micro_batch_size_per_gpu=null",
                       "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4")
-    assert cfg.distillation.teacher_model.log_prob_micro_batch_size_per_gpu == 4
+    assert cfg.distillation.teacher_models["teacher"].log_prob_micro_batch_size_per_gpu == 4
 
 
 @pytest.mark.ray
@@ -215,7 +219,7 @@ def test_distillation_runs_one_step_off(tiny_task_dir, tmp_path, tiny_model_dir,
     made, against ℓ_old = the sampler's log-probs (bypass mode)."""
     rows = _train(tiny_task_dir, tmp_path / "run", tiny_model_dir, "trainer.total_training_steps=3",
                   "async_training.mode=one_step_off",
-                  *_distill(other_teacher_dir, "distillation.distillation_loss.loss_mode=k1"))
+                  *_distill(other_teacher_dir, "distillation.distillation_loss.loss_mode=k1", FOLDED))
     assert len(rows) == 3 and all(math.isfinite(r["distill/kl"]) and r["distill/kl"] > 0 for r in rows)
     assert [r["fully_async/staleness/max"] for r in rows] == [0, 1, 1]
 
@@ -226,8 +230,78 @@ def test_distillation_with_ppo_and_a_critic(tiny_task_dir, tmp_path, tiny_model_
     rows = _train(tiny_task_dir, tmp_path / "run", tiny_model_dir, "trainer.total_training_steps=2",
                   "algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.n=1",
                   "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-                  *_distill(other_teacher_dir, "distillation.distillation_loss.loss_mode=k1",
+                  *_distill(other_teacher_dir, "distillation.distillation_loss.loss_mode=k1", FOLDED,
                             "distillation.reward_weight=0.5"))
     for r in rows:
         assert math.isfinite(r["critic/vf_loss"]) and math.isfinite(r["distill/kl"])
         assert r["distill/token_reward_mean"] < 0  # the student's tokens are less likely under the peaked teacher
+
+
+@pytest.fixture(scope="module")
+def two_source_task_dir(tiny_task_dir, tmp_path_factory) -> Path:
+    """The tiny arithmetic task with its training rows' data source alternating a, b."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = tmp_path_factory.mktemp("two_sources")
+    table = pq.read_table(tiny_task_dir / "train.parquet")
+    sources = pa.array(["a" if i % 2 == 0 else "b" for i in range(table.num_rows)])
+    pq.write_table(table.set_column(table.schema.get_field_index("data_source"), "data_source", sources),
+                   out / "train.parquet")
+    pq.write_table(pq.read_table(tiny_task_dir / "test.parquet"), out / "test.parquet")
+    return out
+
+
+def test_two_teachers_each_score_the_rows_of_their_data_source(
+    two_source_task_dir, tmp_path, tiny_model_dir, other_teacher_dir, monkeypatch
+):
+    """Teacher a = the initial student, teacher b = a peaked other model; k1 folded. At step 1 the
+    a-rows' teacher log-probs equal the student's old log-probs exactly, the b-rows' do not."""
+    seen = []
+    original = PolicyUpdate.update_actor
+
+    def spy(self, batch):
+        seen.append((batch.non_tensor_batch["data_source"].copy(),
+                     *(batch.batch[k].clone() for k in ("teacher_log_prob", "old_log_probs", "response_mask"))))
+        return original(self, batch)
+
+    monkeypatch.setattr(PolicyUpdate, "update_actor", spy)
+    m = "distillation.teacher_models"
+    rows = _train(two_source_task_dir, tmp_path / "run", tiny_model_dir, "trainer.total_training_steps=2",
+                  "distillation.enabled=true", "distillation.distillation_loss.loss_mode=k1", FOLDED,
+                  f"{m}.ta.model_path={tiny_model_dir}", f"{m}.ta.key=a", f"{m}.ta.dtype=fp32",
+                  f"{m}.tb.model_path={other_teacher_dir}", f"{m}.tb.key=b", f"{m}.tb.dtype=fp32")
+    assert len(rows) == 2 and all(math.isfinite(r["distill/kl"]) for r in rows)
+    sources, teacher, old, mask = seen[0]
+    a, b = torch.tensor(sources == "a"), torch.tensor(sources == "b")
+    assert a.any() and b.any() and bool((a | b).all())
+    assert torch.equal(teacher[a] * mask[a], old[a] * mask[a])
+    gap = ((teacher[b] - old[b]).abs() * mask[b]).sum(-1)
+    assert bool((gap > 0).all())  # every b-row was scored by the other teacher
+
+
+def test_a_training_row_without_a_teacher_fails_at_start_up(two_source_task_dir, tmp_path, tiny_model_dir):
+    m = "distillation.teacher_models"
+    with pytest.raises(ValueError, match=r"data source 'b' match no teacher; .* are 'a'"):
+        _train(two_source_task_dir, tmp_path / "run", tiny_model_dir, "distillation.enabled=true",
+               f"{m}.ta.model_path={tiny_model_dir}", f"{m}.ta.key=a", f"{m}.ta.dtype=fp32")
+
+
+@pytest.mark.ray
+def test_two_teachers_in_the_shared_teacher_pool_train_like_in_process(
+    ray_session, two_source_task_dir, tmp_path, tiny_model_dir, other_teacher_dir
+):
+    """distillation.nnodes × n_gpus_per_node: both teachers colocated in one worker group of their
+    own (Ray) give the metrics of the in-process teachers."""
+    m = "distillation.teacher_models"
+    extra = ("trainer.total_training_steps=2", "distillation.enabled=true",
+             "distillation.distillation_loss.loss_mode=k3",
+             f"{m}.ta.model_path={tiny_model_dir}", f"{m}.ta.key=a", f"{m}.ta.dtype=fp32",
+             f"{m}.tb.model_path={other_teacher_dir}", f"{m}.tb.key=b", f"{m}.tb.dtype=fp32")
+    local = _train(two_source_task_dir, tmp_path / "local", tiny_model_dir, *extra)
+    shared = _train(two_source_task_dir, tmp_path / "shared", tiny_model_dir, *extra, "trainer.backend=ray",
+                    "distillation.nnodes=1", "distillation.n_gpus_per_node=1")
+    skip = ("timing_s/", "perf/")
+    assert_close_across([_without(r, skip) for r in shared], [_without(r, skip) for r in local],
+                        dtype=torch.float32, reduction_size=TINY_WIDTH, depth=2 * TINY_DEPTH, what="shared pool")
+    assert local[0]["distill/loss"] > 0

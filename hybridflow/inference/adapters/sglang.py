@@ -3,8 +3,9 @@
 
 UNVERIFIED: written against the documented API of SGLang 0.4.9 – 0.5.x (and the current main
 branch) and the call sequence of verl's SGLang rollout, but never run here (no GPU, SGLang
-not installed). It counts as working only once ``scripts/gpu_check.sh`` (check 5) has passed
-the contract suite (``tests/inference/test_server_contract.py``) with it on a GPU machine.
+not installed). It counts as working only once ``scripts/gpu_check.sh`` (checks 5 and 6) has
+passed the contract suite (``tests/inference/test_server_contract.py``) and 3 colocated GRPO
+steps with it on a GPU machine.
 
 ``Engine``'s own control methods (``release_memory_occupation``, ``update_weights_from_tensor``,
 ``flush_cache`` …) are synchronous wrappers that run their coroutine with
@@ -150,10 +151,13 @@ class SGLangServer(GatedAdapter):
     """:class:`~hybridflow.inference.protocol.InferenceServer` over ``sglang.Engine``.
 
     ``engine_kwargs`` go to ``sglang.Engine`` (its ``ServerArgs``: ``dtype``, ``tp_size``,
-    ``mem_fraction_static`` …); ``enable_memory_saver`` is on, as sleep / wake need it (it
-    needs the ``torch_memory_saver`` package). ``engine`` / ``api`` inject a ready engine and
-    fakes of SGLang's request classes and serializer (tests). Every call runs on the adapter's
-    own event loop (:class:`~hybridflow.inference.adapters.EngineLoop`); call :meth:`shutdown` at the end.
+    ``mem_fraction_static`` …; the rollout worker maps the rollout config onto them, see
+    :mod:`hybridflow.workers.rollout.engine_settings`); ``model_path`` and
+    ``enable_memory_saver`` are the adapter's own (sleep / wake need the memory saver and its
+    ``torch_memory_saver`` package). ``sleep_level``: the level a colocated trainer sleeps at.
+    ``engine`` / ``api`` inject a ready engine and fakes of SGLang's request classes and
+    serializer (tests). Every call runs on the adapter's own event loop
+    (:class:`~hybridflow.inference.adapters.EngineLoop`); call :meth:`shutdown` at the end.
     """
 
     address: str | None = None
@@ -174,8 +178,12 @@ class SGLangServer(GatedAdapter):
                 import sglang
             except ImportError as err:
                 raise import_failed("sglang", err) from err
-            kwargs = {"model_path": self.model_path, "enable_memory_saver": True, "mem_fraction_static": 0.5}
-            engine = sglang.Engine(**{**kwargs, **engine_kwargs})  # here: it installs signal handlers
+            owned = {"model_path": self.model_path, "enable_memory_saver": True}
+            clash = sorted(set(owned) & set(engine_kwargs))
+            if clash:
+                raise ValueError(f"SGLang engine arguments {clash} are set by the adapter; leave them out")
+            kwargs = {"mem_fraction_static": 0.5, **engine_kwargs, **owned}  # 0.5: verl's default
+            engine = sglang.Engine(**kwargs)  # here: it installs signal handlers
         self._loop = EngineLoop("hybridflow-sglang")  # its response loop starts with the first request
         self._engine = engine
         self._tm = engine.tokenizer_manager
@@ -185,6 +193,7 @@ class SGLangServer(GatedAdapter):
         self._gate = RequestGate()
         self._version = 0
         self._weights_freed = False  # a level-2 sleep freed them: the next update must send all
+        self.sleep_level = 2  # as verl: release the weights and the KV cache (every update sends all)
 
     def _sglang(self) -> Any:
         if self._api is None:

@@ -3,7 +3,8 @@
 UNVERIFIED: written against the documented API of vLLM's V1 engine (0.10 – 0.11 and current
 main, where ``AsyncLLMEngine`` is ``vllm.v1.engine.async_llm.AsyncLLM``) and verl's vLLM rollout,
 never run here (no GPU, no vLLM). It counts as working only once ``scripts/gpu_check.sh``
-(check 5) has passed ``tests/inference/test_server_contract.py`` with it on a GPU machine.
+(checks 5 and 6) has passed ``tests/inference/test_server_contract.py`` and 3 colocated
+GRPO steps with it on a GPU machine.
 
 Engine calls, in the order a colocated RL step makes them::
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -156,23 +158,40 @@ class VLLMWeightLoader:
         return len(tensors)
 
 
-def _engine_factory(model_path: str, engine_kwargs: dict[str, Any]) -> tuple[Callable[[], Any], Callable[..., Any]]:
+def vllm_sleep_level(version: str | None) -> int:
+    """verl's rule: level 2 (discard the weights; the next update sends them all) from vLLM
+    0.8.5 on, where waking a level-2 sleep works; level 1 (offload them to host memory) before,
+    and when the version is unknown."""
+    if not version:
+        return 1
+    parts = [int(p) if p.isdigit() else 0 for p in re.split(r"[.+-]", version)[:3]]
+    return 2 if tuple(parts + [0] * (3 - len(parts))) >= (0, 8, 5) else 1
+
+
+def _engine_factory(
+    model_path: str, engine_kwargs: dict[str, Any]
+) -> tuple[Callable[[], Any], Callable[..., Any], int]:
     check_engine_installed("vllm")
     try:
+        import vllm
         from vllm import AsyncEngineArgs, AsyncLLMEngine
         from vllm import SamplingParams as VLLMSamplingParams
     except ImportError as err:
         raise import_failed("vllm", err) from err
-    kwargs: dict[str, Any] = {
+    owned: dict[str, Any] = {
         "model": model_path,
         "enable_sleep_mode": True,  # sleep / wake_up need the CuMem allocator from the start
         "worker_extension_cls": EXTENSION,
-        "gpu_memory_utilization": 0.5,  # leave room for a colocated trainer
     }
     if "logprobs_mode" in {f.name for f in dataclasses.fields(AsyncEngineArgs)}:
-        kwargs["logprobs_mode"] = "processed_logprobs"  # after the temperature, as the protocol asks
-    args = AsyncEngineArgs(**{**kwargs, **engine_kwargs})
-    return (lambda: AsyncLLMEngine.from_engine_args(args)), VLLMSamplingParams
+        owned["logprobs_mode"] = "processed_logprobs"  # after the temperature, as the protocol asks
+    clash = sorted(set(owned) & set(engine_kwargs))
+    if clash:
+        raise ValueError(f"vLLM engine arguments {clash} are set by the adapter; leave them out")
+    kwargs = {"gpu_memory_utilization": 0.5, **engine_kwargs, **owned}  # 0.5: verl's default, room for a trainer
+    args = AsyncEngineArgs(**kwargs)
+    level = vllm_sleep_level(getattr(vllm, "__version__", None))
+    return (lambda: AsyncLLMEngine.from_engine_args(args)), VLLMSamplingParams, level
 
 
 async def _build(factory: Callable[[], Any]) -> Any:
@@ -182,10 +201,13 @@ async def _build(factory: Callable[[], Any]) -> Any:
 class VLLMServer(GatedAdapter):
     """:class:`~hybridflow.inference.protocol.InferenceServer` over vLLM's ``AsyncLLMEngine``.
 
-    ``engine_kwargs`` go to ``AsyncEngineArgs`` (``dtype``, ``gpu_memory_utilization`` …);
-    ``engine`` / ``sampling_params_cls`` inject a ready engine (tests). Weights travel as
-    safetensors bytes of ``bucket_bytes`` through ``collective_rpc`` (a host copy: simple, not
-    the fastest path). Every call runs on the adapter's own event loop
+    ``engine_kwargs`` go to ``AsyncEngineArgs`` (``dtype``, ``gpu_memory_utilization`` …; the
+    rollout worker maps the rollout config onto them, see
+    :mod:`hybridflow.workers.rollout.engine_settings`); ``model``, ``enable_sleep_mode``,
+    ``worker_extension_cls`` and ``logprobs_mode`` are the adapter's own. ``sleep_level``: the
+    level a colocated trainer sleeps at (:func:`vllm_sleep_level`). ``engine`` /
+    ``sampling_params_cls`` inject a ready engine (tests). Weights travel as safetensors bytes
+    of ``bucket_bytes`` through ``collective_rpc`` (a host copy: simple, not the fastest path). Every call runs on the adapter's own event loop
     (:class:`~hybridflow.inference.adapters.EngineLoop`); call :meth:`shutdown` at the end.
     """
 
@@ -202,8 +224,9 @@ class VLLMServer(GatedAdapter):
     ) -> None:
         self.model_path = str(model_path)
         factory = None
+        self.sleep_level = 2  # an injected engine (tests) is taken to be a current vLLM
         if engine is None:
-            factory, sampling_params_cls = _engine_factory(self.model_path, engine_kwargs)
+            factory, sampling_params_cls, self.sleep_level = _engine_factory(self.model_path, engine_kwargs)
         self._loop = EngineLoop("hybridflow-vllm")
         try:
             self._engine = engine if factory is None else self._loop.run(_build(factory))

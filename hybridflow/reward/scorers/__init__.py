@@ -5,7 +5,8 @@ returns a float, or a dict with at least ``"score"`` (other keys are logged). Ea
 ``SCORERS`` is the per-source part, ``fn(solution_str, ground_truth, extra_info)``. Add a data
 source with ``SCORERS.add("my/source", fn)`` or point ``custom_reward_function.path`` at a file.
 
-Generic scorers live here (``boxed.py``, ``math_answers.py``, ``code.py``); a built-in task's
+Generic scorers live here (``boxed.py``, ``math_answers.py``, ``code.py``, ``geometry3k.py``,
+``search_r1.py``); a built-in task's
 scorer lives in its task module, next to its generator (``hybridflow/data/tasks/<task>.py``).
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 from hybridflow.data.tasks import arithmetic, countdown, gsm8k, tool_lookup
 from hybridflow.data.tasks.code_functions import DATA_SOURCE as CODE_FUNCTIONS_SOURCE
-from hybridflow.reward.scorers import code, math_answers
+from hybridflow.reward.scorers import code, geometry3k, math_answers, search_r1
 from hybridflow.utils.registry import Registry
 
 ScoreResult = float | dict[str, Any]
@@ -44,6 +45,9 @@ for _source in MATH_SOURCES:
     SCORERS.add(_source, math_answers.compute_score_boxed)
 for _source in MATH_DAPO_SOURCES:
     SCORERS.add(_source, math_answers.compute_score_dapo)
+SCORERS.add(geometry3k.DATA_SOURCE, geometry3k.compute_score)
+for _source in search_r1.DATA_SOURCES:
+    SCORERS.add(_source, search_r1.compute_score)
 # the built-in tasks: each task module holds its generator and its scorer
 SCORERS.add(arithmetic.DATA_SOURCE, arithmetic.compute_score)
 SCORERS.add(countdown.DATA_SOURCE, countdown.compute_score)

@@ -16,7 +16,8 @@ cases the last one that defines ``fn_name``, since models often add a block of e
 a response without one scores 0 (``no_code``). A program that does not compile scores 0 without running
 the cases. Each case is one sandboxed run (:mod:`hybridflow.sandbox`) with a wall-clock limit;
 the cases of one response run concurrently. The score is the fraction of cases passed, or 1/0
-with ``all_or_nothing``; the result also carries ``acc`` (all passed), ``passed``, ``total`` and
+with ``all_or_nothing``; the result also carries ``acc`` (all passed), ``pred`` (the extracted
+program, ``""`` without one, as the other scorers' extracted answer), ``passed``, ``total`` and
 ``verdicts`` (one letter per case: ``P`` passed, ``F`` wrong answer, ``E`` error exit, ``T``
 time limit, ``O`` output limit, ``S`` sandbox error).
 
@@ -155,13 +156,14 @@ def compute_score(
     total = len(tests["inputs"])
     program = extract_code(solution_str, tests.get("fn_name"))
     if program is None:
-        return {"score": 0.0, "acc": 0.0, "passed": 0, "total": total, "verdicts": "", "status": "no_code"}
+        return {"score": 0.0, "acc": 0.0, "pred": "", "passed": 0, "total": total, "verdicts": "", "status": "no_code"}
     try:
         compile(program, "main.py", "exec")
     except (SyntaxError, ValueError) as exc:
         return {
             "score": 0.0,
             "acc": 0.0,
+            "pred": program,
             "passed": 0,
             "total": total,
             "verdicts": "",
@@ -174,6 +176,7 @@ def compute_score(
     return {
         "score": score,
         "acc": float(passed == total),
+        "pred": program,
         "passed": passed,
         "total": total,
         "verdicts": verdicts,

@@ -14,8 +14,14 @@ How the actor's weights reach it is ``rollout.checkpoint_engine.backend`` (a
   and rank 0 posts the weights to it in safetensors buckets.
 * ``naive`` (verl's default) — ``shared`` where it can be, else ``inproc`` (a sharded actor).
 
-``rollout.name=vllm|sglang`` generates on that engine's adapter (a ``ServerRollout`` too), and
-weights go to it bucket by bucket through its ``update_weights``.
+``rollout.name=vllm|sglang`` generates on that engine's adapter (a ``ServerRollout`` too), built
+with the rollout config's engine settings (:mod:`.engine_settings`), and weights go to it bucket
+by bucket through its ``update_weights``.
+
+Colocated synchronous training frees the engine's memory for the training phases: the trainer
+calls :meth:`RolloutWorker.sleep` after generating and :meth:`RolloutWorker.wake_up` (weights,
+then — after the weight push — the KV cache) before the next generation
+(``rollout.free_cache_engine``; see docs/rollout.md).
 
 The trainer calls :meth:`RolloutWorker.update_weights` after every actor update with the
 global step, which every backend stamps as the rollout's ``weight_version``. The weights are
@@ -27,7 +33,8 @@ off (:meth:`RolloutWorker.set_pull_before_generating`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -62,6 +69,7 @@ from hybridflow.workers.rollout.base import (
     NamedTensors,
     RolloutOutput,
 )
+from hybridflow.workers.rollout.engine_settings import engine_args, unread_settings
 from hybridflow.workers.shared_policy import (
     DEFAULT_SHARE_NAME,
     SharedPolicy,
@@ -69,6 +77,7 @@ from hybridflow.workers.shared_policy import (
 )
 
 SERVER_ENGINES = ("vllm", "sglang")
+logger = logging.getLogger(__name__)
 
 
 def resolve_backend(backend: str, shared: SharedPolicy | None) -> str:
@@ -112,6 +121,9 @@ def collect_rollout_outputs(ctx: DispatchContext, outputs: list[Any]) -> Rollout
 DP_ROLLOUT = DispatchMode(dispatch_fn=dispatch_prompts, collect_fn=collect_rollout_outputs)
 
 
+_LOADED = torch.empty(0)
+
+
 class _ServerTarget:
     """An :class:`~hybridflow.inference.protocol.InferenceServer` adapter (vLLM, SGLang) as a
     weight-sync target: each bucket goes to the engine's ``update_weights`` as it is staged
@@ -119,11 +131,13 @@ class _ServerTarget:
 
     def __init__(self, server: Any) -> None:
         self.server = server
-        self.weight_version = 0
+        self.weight_version = 0  # the version being delivered: set by the worker before a sync
 
     def stage(self, bucket: NamedTensors) -> dict[str, torch.Tensor]:
-        run_coroutine(self.server.update_weights(list(named_pairs(bucket)), self.weight_version))
-        return {}
+        pairs = list(named_pairs(bucket))
+        run_coroutine(self.server.update_weights(pairs, self.weight_version))
+        # Already loaded: the sync only learns the names (an empty result would read as "no tensors").
+        return dict.fromkeys((name for name, _ in pairs), _LOADED)
 
     def swap_in(self, staged: dict[str, torch.Tensor], version: int) -> int:
         self.weight_version = int(version)
@@ -156,6 +170,8 @@ class RolloutWorker(Worker):
         self.weight_version = 0  # the version the rollout serves (the global step of its weights)
         self.last_sync: dict[str, float] = {}
         self.pull_before_generating = True
+        self._engine: Any = None  # the vLLM / SGLang adapter (rollout.name=vllm|sglang), for sleep / wake
+        self._server_target: _ServerTarget | None = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -164,6 +180,9 @@ class RolloutWorker(Worker):
         ce = rollout_cfg.checkpoint_engine
         if rollout_cfg.seed is None:
             rollout_cfg = replace(rollout_cfg, seed=self.seed)
+        if self.rank == 0:
+            for line in unread_settings(rollout_cfg):  # GPU-engine knobs this engine does not read
+                logger.warning(line)
         compute_dtype = resolve_compute_dtype(model_cfg.dtype, self.device)
         shared = lookup_policy(self.share_name, self.rank) if self.share_name is not None else None
         self._source = shared.engine if shared is not None else None
@@ -203,8 +222,16 @@ class RolloutWorker(Worker):
         if rollout_cfg.name in SERVER_ENGINES:
             from hybridflow.inference.adapters import make_adapter
 
-            server = make_adapter(rollout_cfg.name, str(resolve_model_path(self.config.model.path)))
-            self._sync = build_weight_sync("inproc", _ServerTarget(server), bucket_bytes)
+            if shared is None and rollout_cfg.load_format == "dummy":
+                # verl's rule: random weights only where a colocated actor replaces them before the
+                # first generation; a rollout of its own loads the model's files.
+                logger.warning("rollout.load_format=dummy needs a colocated actor; this rollout has none: using auto")
+                rollout_cfg = replace(rollout_cfg, load_format="auto")
+            path = str(resolve_model_path(self.config.model.path))
+            server = make_adapter(rollout_cfg.name, path, **engine_args(rollout_cfg))
+            self._engine = server
+            self._server_target = _ServerTarget(server)
+            self._sync = build_weight_sync("inproc", self._server_target, bucket_bytes)
         else:
             from hybridflow.inference.client import HttpClient
 
@@ -240,10 +267,6 @@ class RolloutWorker(Worker):
         if self.pull_before_generating:
             self._pull_weights_if_stale(self.weight_version)
         out, metrics = self.rollout.generate_with_metrics(prompts.to(self.device))
-        if self.config.rollout.free_cache_engine and self.rollout.capabilities.sleep_wake:
-            # The packed weights go stale at the next update anyway; holding them (a full copy
-            # of the model) through the training phases would only raise peak memory.
-            self.rollout.release()
         out.meta_info[F.META_WEIGHT_VERSION] = self.weight_version
         return RolloutOutput(out.to("cpu"), metrics)
 
@@ -292,6 +315,8 @@ class RolloutWorker(Worker):
         capabilities = self.rollout.capabilities
         sync = self._sync
         assert sync is not None  # init_model sets it with the rollout (self.rollout raised otherwise)
+        if self._server_target is not None:  # the engine stamps its tokens with the version it loads
+            self._server_target.weight_version = version
         with self.rollout.swap_lock if capabilities.swap_lock else contextlib.nullcontext():
             report = sync.sync(pairs, version)
             if capabilities.weight_version:
@@ -325,6 +350,33 @@ class RolloutWorker(Worker):
     def resume_generation(self) -> None:
         """Let the requests :meth:`abort_generation` stopped continue (partial rollout)."""
         self.rollout.resume_generation()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sleep(self) -> None:
+        """Free the engine's memory for the training phases (colocated, ``free_cache_engine``).
+
+        vLLM / SGLang sleep at the adapter's ``sleep_level`` (verl's rule: 2, the weights and the
+        KV cache discarded; the next sync re-sends every tensor, so it is forced even when the
+        actor did not change); without a colocated actor to re-send them, level 1 (weights kept
+        in host memory). The built-in sampler frees its KV cache and packed weight copies (they
+        are rebuilt by the next generation); an ``http`` server, another process, is left alone.
+        """
+        if self._engine is not None:
+            level = self._engine.sleep_level if self._source is not None else 1
+            run_coroutine(self._engine.sleep(level))
+            if level == 2:
+                self._synced_engine_version = -1  # the weights are gone: the next sync must push them
+        elif self.backend != "http" and self.rollout.capabilities.sleep_wake:
+            self.rollout.release()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Give back what :meth:`sleep` freed: ``tags`` of ``("weights", "kv_cache")`` (None: both).
+        The trainer wakes the weights, pushes the new ones, then wakes the KV cache (verl's order:
+        the cache is not allocated while the update's buckets are in flight). The built-in
+        sampler has nothing to restore: its next generation rebuilds what it needs."""
+        if self._engine is not None:
+            run_coroutine(self._engine.wake_up(None if tags is None else list(tags)))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def release(self) -> None:

@@ -1,0 +1,1 @@
+"""``verl.tools`` of the test-only stand-in (see ``verl/__init__.py``)."""
