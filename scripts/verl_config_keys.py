@@ -34,6 +34,11 @@ from hybridflow.config.verl_keys import VERL_CONFIG_FILES, explain_verl_key, lea
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "config" / "fixtures" / "verl"
 STATUSES = ("honoured", "moved", "renamed", "ignored", "off_only", "unknown")
+# verl picks these modes by entry point (its fully_async_main / one_step_off main), not by a key
+ENTRY_POINT_MODE = {
+    "fully_async_ppo_trainer": ["async_training.mode=fully_async"],
+    "one_step_off_ppo_trainer": ["async_training.mode=one_step_off"],
+}
 
 
 def git(verl: Path, *args: str) -> str:
@@ -71,13 +76,13 @@ def write_key_lists(verl: Path, ref: str) -> None:
         print(f"{FIXTURES / f'{stem}.keys'}: {len(keys)} keys")
 
 
-def load_errors(text: str, root: type) -> tuple[list[str], list[str]]:
+def load_errors(text: str, root: type, extra: list[str]) -> tuple[list[str], list[str]]:
     """The problems of loading ``text`` (one verl file) with our loader: (key and type problems,
-    cross-key rule problems of the values). Only ``trainer.device=cpu`` is given besides."""
+    cross-key rule problems of the values). Only ``trainer.device=cpu`` and ``extra`` are given besides."""
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False, encoding="utf-8") as handle:
         handle.write(text)
     try:
-        cfg: Any = load_structured(root, [handle.name], ["trainer.device=cpu"])
+        cfg: Any = load_structured(root, [handle.name], ["trainer.device=cpu", *extra])
     except ConfigError as err:
         return err.problems, []
     finally:
@@ -97,7 +102,7 @@ def check(verl: Path, ref: str) -> int:
     for stem, (rel, root) in VERL_CONFIG_FILES.items():
         text = read_file(verl, ref, rel)
         counts: Counter[str] = Counter(explain_verl_key(key, root).status for key in leaf_keys(yaml.safe_load(text)))
-        errors, rule_errors = load_errors(text, root)
+        errors, rule_errors = load_errors(text, root, ENTRY_POINT_MODE.get(stem, []))
         failed += len(errors) + counts["unknown"]
         row = " ".join(f"{status}={counts[status]}" for status in STATUSES)
         print(f"{stem}: {row} errors={len(errors)} value_rule_errors={len(rule_errors)}")

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import TypeVar
 
@@ -20,11 +21,14 @@ from hybridflow.config.distillation_rules import resolve_distillation
 from hybridflow.config.ppo import (
     AlgorithmConfig,
     CriticConfig,
+    DataConfig,
     PPOConfig,
     TrainerConfig,
 )
 
 T = TypeVar("T")
+
+logger = logging.getLogger("hybridflow.config")
 
 
 def _or(value: T | None, fallback: T) -> T:
@@ -63,11 +67,26 @@ def resolve_ppo_config(cfg: PPOConfig) -> PPOConfig:
         cfg,
         distillation=resolve_distillation(cfg.distillation, ref),
         algorithm=algorithm,
-        data=replace(cfg.data, seed=_or(cfg.data.seed, cfg.trainer.seed)),
+        data=_resolve_data(cfg),
         actor_rollout_ref=new_arr,
         critic=_resolve_critic(cfg.critic, new_arr, needs_values),
         trainer=_resolve_trainer(cfg.trainer),
     )
+
+
+def _resolve_data(cfg: PPOConfig) -> DataConfig:
+    """``seed`` null = ``trainer.seed``; verl's fully-async switch ``gen_batch_size: 1`` is read as null."""
+    data = replace(cfg.data, seed=_or(cfg.data.seed, cfg.trainer.seed))
+    streaming = cfg.async_training.mode == "fully_async" and not cfg.algorithm.filter_groups.enable
+    if streaming and data.gen_batch_size == 1 and data.train_batch_size != 1:
+        # verl's rollouter asserts gen_batch_size == 1 (prompts streamed one at a time); ours
+        # streams chunks of ppo_mini_batch_size prompts whatever the loader batch is.
+        logger.warning(
+            "ignored: data.gen_batch_size=1 (verl's fully-async streaming switch; the fully_async "
+            "rollouter here streams chunks of actor.ppo_mini_batch_size prompts, so it is read as null)"
+        )
+        data = replace(data, gen_batch_size=None)
+    return data
 
 
 def _resolve_algorithm(algo: AlgorithmConfig, loss_mode: str, bypass: bool = False) -> AlgorithmConfig:

@@ -150,7 +150,8 @@ def rule_gen_batch(cfg: PPOConfig) -> list[str]:
     if not cfg.algorithm.filter_groups.enable:
         return [
             f"data.gen_batch_size={gen} differs from data.train_batch_size={train}; that only makes sense with "
-            "algorithm.filter_groups.enable=true (DAPO dynamic sampling)"
+            "algorithm.filter_groups.enable=true (DAPO dynamic sampling); verl's fully-async files set 1, which "
+            "async_training.mode=fully_async reads as null"
         ]
     if gen < train:
         return [f"data.gen_batch_size={gen} must be at least data.train_batch_size={train}"]
