@@ -203,3 +203,25 @@ def test_other_strings_keep_the_plain_error() -> None:
         FileNotFoundError, match=r"^model path 'no-such-name' is not an existing folder and not a known"
     ):
         resolve_model_path("no-such-name")
+
+
+def test_a_grpo_run_trains_a_model_named_by_its_hub_id(
+    hub: FakeHub, tmp_path: Path, tiny_task_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole job, not only the loader: `hybridflow train` with model.path=org/name (actor,
+    reference and rollout all load it), 2 GRPO steps, then the same id again offline."""
+    from hybridflow.config import load_config
+    from hybridflow.entrypoints.train import run
+    from tests.trainer.conftest import tiny_overrides
+
+    run_dir = tmp_path / "run"
+    overrides = tiny_overrides(tiny_task_dir, run_dir, Path("unused"), "actor_rollout_ref.actor.use_kl_loss=true")
+    overrides = [o for o in overrides if not o.startswith("actor_rollout_ref.model.path=")]
+    metrics = run(load_config(None, [*overrides, f"actor_rollout_ref.model.path={REPO}", "trainer.device=cpu"]))
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps if "actor/pg_loss" in s] == [1, 2]
+    assert metrics["actor/grad_norm"] > 0
+    fetched = len(hub.requests)
+    assert fetched > 0
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the cache serves it from now on
+    assert (resolve_model_path(REPO) / "config.json").is_file() and len(hub.requests) == fetched
