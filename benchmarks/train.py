@@ -15,6 +15,12 @@ micro-batch, vanilla PPO loss), after one warm-up update. Reported per dtype:
 
 The header names the CPU, its flags, torch's CPU capability and the dtype decision; ``--out``
 writes it all with the results as JSON. Target: the 6·N estimate ≥ 60% of the peak.
+
+Baseline in the same run (``--no-hf`` skips it): a plain Hugging Face forward-backward on the same
+rows — ``AutoModelForCausalLM`` from the same folder in the same dtype, logits of every position,
+stock ``log_softmax`` + ``gather`` on the response tokens, loss = −mean(logp · advantage), backward,
+``torch.optim.AdamW`` step. The actor does the same forward/backward/step plus its PPO loss
+(ratio, clip, masked aggregation) and gradient clipping; its LM head runs on response positions only.
 Not a test: timings on a shared 2-core machine vary ±30% between runs.
 """
 
@@ -96,6 +102,34 @@ def build_actor(model: str, dtype: str, rows: int, micro: int, gradient_checkpoi
     return worker
 
 
+def hf_update_seconds(args: argparse.Namespace, dtype: str, data: DataProto) -> float:
+    """Seconds per plain HF forward-backward-step on ``data`` (after one warm-up step)."""
+    from transformers import AutoModelForCausalLM
+
+    from hybridflow.models import resolve_model_path
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(args.model), dtype=DTYPES[dtype])
+    model.train()
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    ids, adv = data.batch[FK.INPUT_IDS], data.batch[FK.ADVANTAGES]
+    response = data.batch[FK.RESPONSES]
+
+    def step() -> None:
+        for start in range(0, ids.shape[0], args.micro):
+            rows = slice(start, start + args.micro)
+            logits = model(ids[rows]).logits[:, -response.shape[1] - 1 : -1].float()
+            logp = torch.log_softmax(logits, dim=-1).gather(-1, response[rows].unsqueeze(-1)).squeeze(-1)
+            (-(logp * adv[rows]).mean()).backward()
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+
+    step()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    return (time.perf_counter() - start) / args.steps
+
+
 def flops_per_update(module: torch.nn.Module, rows: int, prompt_len: int, response_len: int) -> tuple[float, float]:
     """(6·N·tokens, the same with the LM head only on response tokens)."""
     n_params = sum(p.numel() for p in module.parameters())
@@ -115,7 +149,10 @@ def bench_dtype(args: argparse.Namespace, dtype: str) -> dict[str, float]:
     seconds = (time.perf_counter() - start) / args.steps
     flops_6n, flops_model = flops_per_update(actor.module, args.rows, args.prompt_len, args.response_len)
     tokens = args.rows * (args.prompt_len + args.response_len)
+    del actor
+    hf = float("nan") if args.no_hf else hf_update_seconds(args, dtype, data)
     return {
+        "hf_seconds": hf,
         "peak": peak,
         "seconds": seconds,
         "tokens_per_s": tokens / seconds,
@@ -150,6 +187,7 @@ def main() -> None:
     parser.add_argument("--response-len", type=int, default=64)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--no-hf", action="store_true", help="skip the plain HF forward-backward baseline")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra config override for the actor (repeatable), e.g. "
                              "actor_rollout_ref.model.use_remove_padding=false")
@@ -167,7 +205,8 @@ def main() -> None:
     print("\n".join(header_lines))
     print(f"model={args.model} rows={args.rows} micro={args.micro} tokens/row={args.prompt_len}+{args.response_len} "
           f"threads={torch.get_num_threads()} steps={args.steps}")
-    header = f"{'dtype':6} {'peak GFLOP/s':>13} {'s/update':>9} {'tok/s':>8} {'6N GFLOP/s':>11} {'%peak':>6} {'model GFLOP/s':>14} {'%peak':>6}"
+    header = (f"{'dtype':6} {'peak GFLOP/s':>13} {'s/update':>9} {'tok/s':>8} {'6N GFLOP/s':>11} {'%peak':>6} "
+              f"{'model GFLOP/s':>14} {'%peak':>6} {'HF s/update':>12} {'HF/ours':>8}")
     print(header)
     results = {}
     for requested in args.dtypes.split(","):
@@ -178,7 +217,8 @@ def main() -> None:
         print(
             f"{dtype:6} {r['peak'] / 1e9:13.1f} {r['seconds']:9.2f} {r['tokens_per_s']:8.0f} "
             f"{r['flops_6n'] / 1e9:11.1f} {100 * r['flops_6n'] / r['peak']:5.1f}% "
-            f"{r['flops_model'] / 1e9:14.1f} {100 * r['flops_model'] / r['peak']:5.1f}%",
+            f"{r['flops_model'] / 1e9:14.1f} {100 * r['flops_model'] / r['peak']:5.1f}% "
+            f"{r['hf_seconds']:12.2f} {r['hf_seconds'] / r['seconds']:8.2f}",
             flush=True,
         )
     for dtype, r in results.items():
