@@ -61,6 +61,12 @@ class DataConfig:
     )
     max_samples: int = setting(-1, "use only the first N training rows; -1 = all", ge=-1)
     val_max_samples: int = setting(-1, "use only the first N validation rows; -1 = all", ge=-1)
+    apply_chat_template: bool = setting(
+        True,
+        "render prompts through the tokenizer's chat template; false = as plain text (the messages' contents "
+        "joined by a blank line, or a plain-string prompt column) with the tokenizer's own special tokens, "
+        "for base models without a template",
+    )
     apply_chat_template_kwargs: dict[str, Any] = setting(
         factory=dict, help="extra keyword arguments for tokenizer.apply_chat_template"
     )

@@ -223,6 +223,12 @@ def rule_data(cfg: PPOConfig) -> list[str]:
             problems.append(f"data.{key} must be -1 (all rows) or ≥ 1, got 0")
     if not cfg.data.train_files:
         problems.append("data.train_files must name at least one file")
+    if not cfg.data.apply_chat_template and cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        problems.append(
+            "data.apply_chat_template=false cannot be used with actor_rollout_ref.rollout.multi_turn.enable=true: "
+            "the agent loops render every turn through the chat template (give the model one with "
+            "actor_rollout_ref.model.custom_chat_template)"
+        )
     return problems
 
 

@@ -1,4 +1,4 @@
-"""The RL prompt dataset: verl-schema rows → chat-templated, left-padded prompt tensors.
+"""The RL prompt dataset: verl-schema rows → chat-templated (or plain-text), left-padded prompt tensors.
 
 Every row is validated and tokenized once at construction, so a malformed row or an
 over-long prompt is reported before training starts, not at step 500.
@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 from hybridflow import fields as F
 from hybridflow.data.dataset_args import as_file_list, check_truncation, tokenizer_pad_id
 from hybridflow.data.io import DataFileError, read_rows
+from hybridflow.data.prompt_text import prompt_token_ids
 from hybridflow.data.schema import ABILITY, AGENT_NAME, PROMPT_KEY, DataRowError, RLRow, validate_rl_row
 
 TRUNCATION_MODES: tuple[str, ...] = ("error", "left", "right", "middle")
@@ -65,8 +66,10 @@ class RLDataset(Dataset):
 
     Args:
         files: one path or a list (``~`` is expanded); rows are concatenated in order.
-        tokenizer: a Hugging Face tokenizer with a chat template.
-        prompt_key: column holding the chat messages.
+        tokenizer: a Hugging Face tokenizer (with a chat template unless ``apply_chat_template``
+            is false).
+        prompt_key: column holding the chat messages (or, with ``apply_chat_template`` false,
+            also a plain string: one user message).
         max_prompt_length: prompts are left-padded to exactly this many tokens.
         truncation: what to do with a longer prompt: ``error`` (raise at construction),
             ``left`` / ``right`` / ``middle`` (see :func:`truncate_ids`).
@@ -76,6 +79,8 @@ class RLDataset(Dataset):
             random subset (in file order) when ``seed`` is given.
         seed: seed for the ``max_samples`` subset.
         chat_template_kwargs: extra keyword arguments for ``apply_chat_template``.
+        apply_chat_template: render prompts through the chat template (true), or as plain text
+            (false; for base models): see :mod:`hybridflow.data.prompt_text`.
 
     ``ds[i]`` is a dict: ``input_ids`` / ``attention_mask`` / ``position_ids`` — long tensors
     ``(max_prompt_length,)`` — and non-tensors ``raw_prompt_ids`` (unpadded ids), ``data_source``,
@@ -95,6 +100,7 @@ class RLDataset(Dataset):
         max_samples: int | None = None,
         seed: int | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        apply_chat_template: bool = True,
     ) -> None:
         check_truncation(truncation, TRUNCATION_MODES)
         if not isinstance(max_prompt_length, int) or max_prompt_length < 1:
@@ -107,6 +113,7 @@ class RLDataset(Dataset):
         self.return_raw_chat = return_raw_chat
         self.pad_token_id = tokenizer_pad_id(tokenizer, "prompts")
         self._chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.apply_chat_template = apply_chat_template
 
         entries = self._load_rows()
         token_ids = self._tokenize([row.messages for _, _, row in entries])
@@ -122,21 +129,15 @@ class RLDataset(Dataset):
         entries = []
         for file in self.files:
             for i, raw in enumerate(read_rows(file)):
+                if not self.apply_chat_template and isinstance(raw.get(self.prompt_key), str):
+                    raw = {**raw, self.prompt_key: [{"role": "user", "content": raw[self.prompt_key]}]}
                 entries.append((file, i, validate_rl_row(raw, file=file, row_index=i, prompt_key=self.prompt_key)))
         if not entries:
             raise DataFileError(f"no rows in {', '.join(self.files)}")
         return entries
 
     def _tokenize(self, conversations: list[list[dict[str, Any]]]) -> list[list[int]]:
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("the tokenizer has no chat template; RL prompts are chat messages and need one")
-        texts = [
-            self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False, **self._chat_template_kwargs
-            )
-            for messages in conversations
-        ]
-        return [list(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        return prompt_token_ids(self.tokenizer, conversations, self.apply_chat_template, self._chat_template_kwargs)
 
     def _apply_length_policy(
         self, entries: list[tuple[str, int, RLRow]], token_ids: list[list[int]], filter_overlong: bool
@@ -153,7 +154,7 @@ class RLDataset(Dataset):
                     file,
                     i,
                     self.prompt_key,
-                    f"prompt is {len(ids)} tokens after the chat template, more than max_prompt_length="
+                    f"prompt is {len(ids)} tokens after {'the chat template' if self.apply_chat_template else 'tokenization'}, more than max_prompt_length="
                     f"{self.max_prompt_length}; raise max_prompt_length, set truncation to left/right/middle, "
                     "or set filter_overlong_prompts=True",
                 )

@@ -87,7 +87,10 @@ def validate_rl_row(row: dict[str, Any], *, file: str, row_index: int, prompt_ke
 
 def _validate_messages(value: Any, fail) -> list[dict[str, Any]]:
     if isinstance(value, str):
-        raise fail("expected a list of {role, content} chat messages, got a plain string")
+        raise fail(
+            "expected a list of {role, content} chat messages, got a plain string "
+            "(plain-string prompts are read with data.apply_chat_template=false)"
+        )
     if not isinstance(value, (list, tuple)):
         raise fail(f"expected a list of {{role, content}} chat messages, got {type(value).__name__}")
     if not value:

@@ -10,7 +10,9 @@ response), less the last one, which predicts nothing. Real tokens never attend t
 so this changes no output; positions come from ``position_ids`` and are unaffected. Outputs
 are zero wherever the attention mask is 0 and are padded back to width T, so they do not
 depend on how rows were grouped. Only the response positions go through the LM head
-(``logits_to_keep``), which matters for a 49k-token vocabulary. Rows that repeat a prompt
+(``logits_to_keep``), which matters for a 49k-token vocabulary; when their float32 logits
+would reach ``CHUNKED_HEAD_MIN_BYTES`` (a 262k-token vocabulary) the head runs a chunk of rows
+at a time from the hidden states instead (:mod:`hybridflow.engine.chunked_lm_head`). Rows that repeat a prompt
 (n samples per prompt) run it once per batch (:mod:`hybridflow.engine.shared_prompt`).
 
 A model loaded with ``use_remove_padding`` (a packed attention implementation, see
@@ -37,6 +39,7 @@ from hybridflow.algorithms.utils import (
     entropy_from_logits_chunked,
     logprobs_from_logits,
 )
+from hybridflow.engine.chunked_lm_head import LMHead, capture_head_log_probs, find_lm_head
 from hybridflow.engine.fused_log_probs import token_log_probs
 from hybridflow.models.packed_attention import PACKED_PREFIX
 
@@ -103,6 +106,14 @@ def packs_rows(module: torch.nn.Module) -> bool:
 # kernel when rows were full (benchmarks/packing.py, docs/benchmarks.md: bf16 update 1.73–1.78 s
 # packed vs 1.49–1.66 s padded with no padding; 1.25–1.32× faster packed with 18% padding).
 PACK_MIN_PADDING = 0.1
+
+# The LM head runs chunk by chunk from the hidden states (chunked_lm_head) once the float32
+# logits of a micro-batch's response positions would reach this size: 1 GiB is 1024 positions
+# of Gemma 3's 262k vocabulary (16 rows × 64), 5462 of SmolLM2's 49k. Below it the plain head
+# is kept: the chunked backward recomputes the logits (one more head matrix product), and on
+# 2 AVX2 cores SmolLM2's update at 32 × 64 (384 MiB of logits) took 1.36× as long for a peak
+# only 6% lower, the layers' activations dwarfing its logits (docs/benchmarks.md).
+CHUNKED_HEAD_MIN_BYTES = 1 << 30
 
 
 def worth_packing(micro: TensorDict, response_len: int, min_padding: float = PACK_MIN_PADDING) -> bool:
@@ -186,10 +197,11 @@ def _finish(x: torch.Tensor, micro: TensorDict, window: Window) -> torch.Tensor:
     return F.pad(x * valid, (0, window.response_len - x.shape[1]))
 
 
-def _response_logits(
+def _response_forward(
     module: torch.nn.Module, inputs: dict[str, torch.Tensor], window: Window, prompt_cache: PromptKeysValues | None
-) -> torch.Tensor:
-    """Logits (b, hi − P, V) at positions P − 1 … hi − 2, those that predict a response token."""
+) -> Any:
+    """The model's output, logits (b, hi − P, V) at positions P − 1 … hi − 2: those that
+    predict a response token."""
     split = window.prompt_len - 1 - window.lo  # prompt columns before the last prompt token
     if prompt_cache is not None and split > 0:
         # Columns lo … P−2 were run once per distinct prompt; run the rest against them.
@@ -199,12 +211,12 @@ def _response_logits(
             position_ids=inputs["position_ids"][:, split:],
             cache=prompt_cache.dynamic_cache(window.lo),
             use_cache=True,
-        ).logits
+        )
     # The kept positions as an index tensor, not a count: HF then gathers them into a
     # contiguous tensor, where a count gives a strided view that makes the 49k-row LM head
     # ~10× slower on CPU in bf16 (8 × 50 positions: 360 vs 38 ms).
     keep = torch.arange(split, split + window.n_response, device=inputs["input_ids"].device)
-    return module(**inputs, use_cache=False, logits_to_keep=keep).logits
+    return module(**inputs, use_cache=False, logits_to_keep=keep)
 
 
 def response_log_probs(
@@ -235,20 +247,22 @@ def response_log_probs(
     ``topk_log_probs`` are gathered instead (differentiable). Both take the full-vocabulary
     log-softmax of these rows.
     """
-    logits, labels, gather_ids, finish = _logits_and_labels(module, micro, prompt_cache, gather_ids_key)
-    if topk > 0 or gather_ids is not None:
+    call = _model_call(module, micro, prompt_cache, gather_ids_key)
+    labels, finish = call.labels, call.finish
+    if topk > 0 or call.gather_ids is not None:
+        logits, ids = call.run().logits, call.gather_ids
         return _full_log_softmax_outputs(
-            logits, labels, temperature, finish, topk, gather_ids, calculate_entropy, entropy_requires_grad
+            logits, labels, temperature, finish, topk, ids, calculate_entropy, entropy_requires_grad
         )
     entropy_needs_grad = calculate_entropy and entropy_requires_grad and torch.is_grad_enabled()
     if not (entropy_needs_grad or calculate_sum_pi_squared):
-        # The common case: one fused pass per chunk of rows (see fused_log_probs).
-        log_probs, entropy = token_log_probs(logits, labels, temperature, with_entropy=calculate_entropy)
+        # The common case: one fused pass per chunk of rows (fused_log_probs, chunked_lm_head).
+        log_probs, entropy = _token_log_probs(module, call, temperature, calculate_entropy)
         result = {"log_probs": finish(log_probs)}
         if entropy is not None:
             result["entropy"] = finish(entropy)
         return result
-    logits = logits.float()  # rebound here, so the low-precision logits are freed before the ops below
+    logits = call.run().logits.float()  # the low-precision logits are a temporary, freed before the ops below
     return _float32_outputs(
         logits,
         labels,
@@ -261,27 +275,64 @@ def response_log_probs(
     )
 
 
-def _logits_and_labels(
+@dataclass(frozen=True)
+class _ModelCall:
+    """A micro-batch's model call, not yet run: ``run()`` returns the model's output (logits
+    at the response positions), ``labels`` the tokens those positions predict, ``gather_ids``
+    the ``gather_ids_key`` column at them, and ``finish`` maps a per-position output back to
+    (b, T), zero on padding."""
+
+    run: Callable[[], Any]
+    labels: torch.Tensor
+    gather_ids: torch.Tensor | None
+    finish: Callable[[torch.Tensor], torch.Tensor]
+
+
+def _model_call(
     module: torch.nn.Module, micro: TensorDict, prompt_cache: PromptKeysValues | None, gather_ids_key: str | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, Callable[[torch.Tensor], torch.Tensor]]:
-    """The response positions' logits, the tokens they predict, the ``gather_ids`` at those
-    positions, and ``finish``: a per-position output back to (b, T), zero on padding. Packed
-    rows when the module packs and it pays; else the micro-batch cut to its window."""
+) -> _ModelCall:
+    """Packed rows when the module packs and it pays; else the micro-batch cut to its window."""
     responses = micro[FK.RESPONSES]
     gather_ids = micro[gather_ids_key] if gather_ids_key is not None else None
     if prompt_cache is None and packs_rows(module) and worth_packing(micro, responses.shape[1]):
         packed = pack_micro_batch(micro, responses.shape[1])
-        logits = module(**packed.inputs, use_cache=False, logits_to_keep=packed.keep).logits
-        labels = responses[packed.rows, packed.cols][None]
-        gather_ids = gather_ids[packed.rows, packed.cols][None] if gather_ids is not None else None
-        finish = lambda x: unpack(x[0], packed)  # noqa: E731
-    else:
-        window = response_window(micro[FK.ATTENTION_MASK], responses.shape[1])
-        logits = _response_logits(module, _windowed_inputs(micro, window), window, prompt_cache)
-        labels = responses[:, : window.n_response]
-        gather_ids = gather_ids[:, : window.n_response] if gather_ids is not None else None
-        finish = lambda x: _finish(x, micro, window)  # noqa: E731
-    return logits, labels, gather_ids, finish
+        return _ModelCall(
+            run=lambda: module(**packed.inputs, use_cache=False, logits_to_keep=packed.keep),
+            labels=responses[packed.rows, packed.cols][None],
+            gather_ids=gather_ids[packed.rows, packed.cols][None] if gather_ids is not None else None,
+            finish=lambda x: unpack(x[0], packed),
+        )
+    window = response_window(micro[FK.ATTENTION_MASK], responses.shape[1])
+    inputs = _windowed_inputs(micro, window)
+    return _ModelCall(
+        run=lambda: _response_forward(module, inputs, window, prompt_cache),
+        labels=responses[:, : window.n_response],
+        gather_ids=gather_ids[:, : window.n_response] if gather_ids is not None else None,
+        finish=lambda x: _finish(x, micro, window),
+    )
+
+
+def chunked_head(module: torch.nn.Module, rows: int) -> LMHead | None:
+    """The LM head to run chunk by chunk (:mod:`hybridflow.engine.chunked_lm_head`) for
+    ``rows`` response positions, or None for the plain path: the model's head is not one the
+    chunked path knows, or the float32 logits would be under ``CHUNKED_HEAD_MIN_BYTES``."""
+    head = find_lm_head(module)
+    if head is None or rows * head.vocab_size * 4 < CHUNKED_HEAD_MIN_BYTES:
+        return None
+    return head
+
+
+def _token_log_probs(
+    module: torch.nn.Module, call: _ModelCall, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and the entropy metric) of ``call.labels``: from the hidden states chunk by
+    chunk when :func:`chunked_head` says so, else from the model's logits."""
+    head = chunked_head(module, call.labels.numel())
+    if head is None:
+        return token_log_probs(call.run().logits, call.labels, temperature, with_entropy=with_entropy)
+    with capture_head_log_probs(head, call.labels, temperature, with_entropy) as capture:
+        output = call.run()
+    return capture.result(output.logits)
 
 
 def _float32_outputs(

@@ -33,13 +33,12 @@ class _TokenLogProbs(torch.autograd.Function):
         entropy = torch.empty(rows if with_entropy else 0, dtype=torch.float32, device=logits.device)
         for start in range(0, rows, CHUNK_ROWS):
             end = min(start + CHUNK_ROWS, rows)
-            z = _scaled_chunk(logits, start, end, temperature)
-            chunk_lse = torch.logsumexp(z, dim=-1)
-            log_probs[start:end] = z.gather(-1, labels[start:end, None])[:, 0] - chunk_lse
-            lse[start:end] = chunk_lse
-            if with_entropy:
-                probs = torch.exp(z - chunk_lse[:, None])
-                entropy[start:end] = chunk_lse - (probs * z).sum(dim=-1)
+            chunk_lp, chunk_lse, chunk_entropy = chunk_forward(
+                logits[start:end], labels[start:end], temperature, with_entropy
+            )
+            log_probs[start:end], lse[start:end] = chunk_lp, chunk_lse
+            if chunk_entropy is not None:
+                entropy[start:end] = chunk_entropy
         ctx.save_for_backward(logits, labels, lse)
         ctx.temperature = temperature
         ctx.mark_non_differentiable(entropy)
@@ -52,21 +51,51 @@ class _TokenLogProbs(torch.autograd.Function):
         grad = torch.empty_like(logits)
         for start in range(0, logits.shape[0], CHUNK_ROWS):
             end = min(start + CHUNK_ROWS, logits.shape[0])
-            g = grad_log_probs[start:end, None].float()
-            z = _scaled_chunk(logits, start, end, temperature, copy=True)  # modified in place below
-            chunk = z.sub_(lse[start:end, None]).exp_().mul_(-g)  # −softmax · g
-            chunk.scatter_add_(-1, labels[start:end, None], g)  # + 1[v = y] · g
-            if temperature != 1.0:
-                chunk.div_(temperature)
-            grad[start:end] = chunk
+            g = grad_log_probs[start:end]
+            grad[start:end] = chunk_grad(logits[start:end], labels[start:end], lse[start:end], g, temperature)
         return grad, None, None, None
 
 
-def _scaled_chunk(logits: torch.Tensor, start: int, end: int, temperature: float, copy: bool = False) -> torch.Tensor:
-    """Rows ``start:end`` as float32 divided by τ (a new tensor when ``copy``, else maybe a view)."""
-    z = logits[start:end].to(torch.float32, copy=copy and temperature == 1.0)
+def _scaled_chunk(logits: torch.Tensor, temperature: float, copy: bool = False) -> torch.Tensor:
+    """``logits`` as float32 divided by τ (a new tensor when ``copy``, else maybe a view)."""
+    z = logits.to(torch.float32, copy=copy and temperature == 1.0)
     # The same division as logprobs_from_logits (z / τ on float32), for identical rounding.
     return z if temperature == 1.0 else z / temperature
+
+
+def chunk_forward(
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(log π(y), logsumexp(z/τ), H or None)`` of a chunk of rows, logits (n, V) any float
+    dtype, labels (n,); float32. The one formula both this module and
+    :mod:`hybridflow.engine.chunked_lm_head` use, so their log-probs agree bit for bit."""
+    z = _scaled_chunk(logits, temperature)
+    lse = torch.logsumexp(z, dim=-1)
+    log_probs = z.gather(-1, labels[:, None])[:, 0] - lse
+    entropy = None
+    if with_entropy:
+        probs = torch.exp(z - lse[:, None])
+        entropy = lse - (probs * z).sum(dim=-1)
+    return log_probs, lse, entropy
+
+
+def chunk_grad(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    lse: torch.Tensor,
+    grad_log_probs: torch.Tensor,
+    temperature: float,
+    owned: bool = False,
+) -> torch.Tensor:
+    """∂(Σ g·log π(y))/∂z for a chunk of rows: (1[v = y] − softmax(z/τ)_v) · g / τ, float32.
+    ``owned``: ``logits`` is a float32 scratch tensor the caller gives up (written in place)."""
+    g = grad_log_probs[:, None].float()
+    z = logits if owned and temperature == 1.0 else _scaled_chunk(logits, temperature, copy=True)
+    chunk = z.sub_(lse[:, None]).exp_().mul_(-g)  # −softmax · g
+    chunk.scatter_add_(-1, labels[:, None], g)  # + 1[v = y] · g
+    if temperature != 1.0:
+        chunk.div_(temperature)
+    return chunk
 
 
 def token_log_probs(

@@ -44,6 +44,7 @@ from hybridflow.data import (
     truncate_ids,
 )
 from hybridflow.data.generation_journal import GenerationJournal
+from hybridflow.data.prompt_text import prompt_token_ids
 from hybridflow.entrypoints.common import ensure_builtin_task_files, resolve_device
 from hybridflow.models import load_model_and_tokenizer
 from hybridflow.protocol import DataProto
@@ -99,7 +100,9 @@ class GenRolloutConfig:
     dtype: Literal["auto", "fp32", "bf16", "float32", "bfloat16"] = setting(
         "auto", "model weights and compute dtype; auto = bf16 where the hardware has a native bf16 matmul, else fp32"
     )
-    decoder: Literal["auto", "lean", "hf"] = setting("auto", "sampler forward: lean (Llama family), hf, or auto")
+    decoder: Literal["auto", "lean", "hf"] = setting(
+        "auto", "sampler forward: lean (Llama, Qwen2, Mistral, Qwen3, Gemma 3), hf, or auto"
+    )
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,8 @@ def prompt_ids(tokenizer: Any, value: Any, data: GenDataConfig, fail) -> list[in
     if isinstance(value, str) and not data.apply_chat_template:
         return list(tokenizer(value)["input_ids"])
     messages = [{"role": "user", "content": value}] if isinstance(value, str) else _messages(value, fail)
+    if not data.apply_chat_template:  # chat messages as plain text, as training renders them
+        return prompt_token_ids(tokenizer, [messages], False)[0]
     if not getattr(tokenizer, "chat_template", None):
         raise fail("the tokenizer has no chat template; set data.apply_chat_template=false for raw-text prompts")
     text = tokenizer.apply_chat_template(

@@ -67,6 +67,7 @@ def build_loaders(config: PPOConfig, tokenizer) -> tuple[StatefulDataLoader, Sta
             data.return_raw_chat or config.actor_rollout_ref.rollout.multi_turn.enable or config.reward_model.enable
         ),
         chat_template_kwargs=dict(data.apply_chat_template_kwargs),
+        apply_chat_template=data.apply_chat_template,
     )
     limits = {"data.train_files": _samples(data.max_samples), "data.val_files": _samples(data.val_max_samples)}
     files = {"data.train_files": tuple(data.train_files), "data.val_files": tuple(data.val_files)}
@@ -374,6 +375,9 @@ def build_trainer(config: PPOConfig) -> PPOTrainer:
     for other in other_model_paths(config):
         resolve_model_path(other)  # a Hub id is downloaded once here, before any worker or child process reads it
     tokenizer = load_tokenizer(config.data.tokenizer or model_path)
+    if config.actor_rollout_ref.model.custom_chat_template is not None:
+        # the prompts are rendered here, so the replacement template must reach this tokenizer too
+        tokenizer.chat_template = config.actor_rollout_ref.model.custom_chat_template
     train_loader, val_loader = build_loaders(config, tokenizer)
     total_steps = config.trainer.total_training_steps or len(train_loader) * config.trainer.total_epochs
     judge = start_judge(config) if serves_judge(config) else None

@@ -6,6 +6,8 @@ their decoder here; neither should reach into the other's floor for it.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -21,6 +23,8 @@ from hybridflow.inference.projections import is_lora_linear, packing_available
 
 DECODERS: tuple[str, ...] = ("auto", "lean", "hf")
 
+logger = logging.getLogger(__name__)
+
 
 def build_decoder(
     model: nn.Module, decoder: str = "auto", weight_format: str = "auto", dtype: torch.dtype | None = None
@@ -28,7 +32,8 @@ def build_decoder(
     """The forward implementation for ``model``, computing in ``dtype`` (default: the model's).
 
     ``decoder``: ``"lean"`` (error if unsupported), ``"hf"``, or ``"auto"`` (lean when the
-    architecture allows). ``weight_format``: ``"shared"``, ``"packed"``, or ``"auto"``
+    architecture allows; when it does not, one log line says so and why, e.g.
+    ``decoder: hf (lean does not support gemma3 attention softcapping)``). ``weight_format``: ``"shared"``, ``"packed"``, or ``"auto"``
     (packed where oneDNN supports ``dtype`` on the model's device, where ``dtype`` differs
     from the model's, or where LoRA adapters must be merged; else shared). A ``peft`` model
     is unwrapped: its LoRA layers are merged into the packed weights (lean) or run as they are
@@ -39,6 +44,8 @@ def build_decoder(
     model = unwrap_peft(model)
     reason = lean_unsupported_reason(model)
     if decoder == "hf" or (decoder == "auto" and reason is not None):
+        if decoder == "auto":
+            logger.warning("decoder: hf (%s)", reason)
         return HFDecoder(model, dtype)
     if reason is not None:
         raise ValueError(f"decoder='lean' cannot run this model: {reason}")

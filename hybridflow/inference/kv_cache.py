@@ -2,7 +2,9 @@
 
 Layout: one tensor ``(num_layers, 2, rows, kv_heads, max_len, head_dim)`` (index 0 keys,
 1 values) plus ``key_valid (rows, max_len)`` marking which columns hold real tokens (left
-padding of the prompt is ``False``). All rows share the column of the current step, so a
+padding of the prompt is ``False``) and ``key_pos (rows, max_len)``, the position of each
+column's token (a sliding-window layer compares it with the query's position: a shared prefix
+makes columns and positions differ). All rows share the column of the current step, so a
 decode step writes one column for every row with a single strided copy.
 """
 
@@ -26,6 +28,7 @@ class KVCache:
     ) -> None:
         self.data = torch.empty((num_layers, 2, rows, kv_heads, max_len, head_dim), dtype=dtype, device=device)
         self.key_valid = torch.zeros((rows, max_len), dtype=torch.bool, device=device)
+        self.key_pos = torch.zeros((rows, max_len), dtype=torch.long, device=device)
         self.no_padding = False  # every written column of every row is a real token
         self.length = 0  # columns written so far (same for every row)
 
@@ -63,7 +66,14 @@ class KVCache:
             torch.index_select(self.data[:, :, :, :, : self.length], 2, index, out=new[:, :, :, :, : self.length])
         self.data = new
         self.key_valid = self.key_valid.index_select(0, index)
+        self.key_pos = self.key_pos.index_select(0, index)
         self.no_padding = bool(self.key_valid.all())
+
+    def window_mask(self, positions: torch.Tensor, window: int, columns: int) -> torch.Tensor:
+        """(rows, 1, 1, columns) bool: the first ``columns`` keys that a query at ``positions``
+        (rows,) sees through a sliding ``window`` (HF's rule: q − k < window), valid ones only."""
+        recent = self.key_pos[:, :columns] > (positions[:, None] - window)
+        return (recent & self.key_valid[:, :columns])[:, None, None]
 
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()

@@ -1,4 +1,4 @@
-"""A lean forward pass for Llama-family decoders (Llama, Qwen2, Mistral without sliding window).
+"""A lean forward pass for Llama-family decoders (Llama, Qwen2, Mistral, Qwen3) and Gemma 3.
 
 It runs the same math as the Hugging Face modules, reading their own parameters, without
 HF's per-step machinery (cache objects, mask builders, output dataclasses, hooks):
@@ -8,6 +8,10 @@ HF's per-step machinery (cache objects, mask builders, output dataclasses, hooks
                 write k,v into the preallocated cache column;   a = softmax(q·Kᵀ/√d + mask)·V
                 x ← x + a·W_oᵀ;   h = rms(x)·w_post;   x ← x + (silu(h·W_gᵀ) ⊙ h·W_uᵀ)·W_dᵀ
     logits = rms(x_last)·w_final · W_lmᵀ
+
+Qwen3 adds an RMSNorm of each query/key head before RoPE; Gemma 3 changes the norms, the MLP,
+the attention scale and per-layer windows and RoPE bases (:mod:`hybridflow.inference.lean_families`
+lists each difference; :class:`~hybridflow.inference.lean_families.FamilySpec` carries them).
 
 RMSNorm: ``w · (x / sqrt(mean(x²) + eps))`` computed in fp32 and cast back before the weight
 multiply (as HF does). RoPE cos/sin come from the model's own ``rotary_emb`` module, so
@@ -26,14 +30,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridflow.inference.kv_cache import KVCache
+from hybridflow.inference.lean_families import (
+    SUPPORTED_MODEL_TYPES,
+    FamilySpec,
+    family_spec,
+    lean_unsupported_reason,
+)
 from hybridflow.inference.prefix import shared_prefix_length
-from hybridflow.inference.projections import Projection, linear_unsupported_reason
+from hybridflow.inference.projections import Projection
 
 if TYPE_CHECKING:
     from transformers import PreTrainedConfig
 
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen2", "mistral")
-_STATELESS_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3", "yarn")
+__all__ = ["SUPPORTED_MODEL_TYPES", "LeanDecoder", "lean_unsupported_reason", "lean_view", "unwrap_peft"]
+
 _MIN_SHARED_PREFIX = 8  # shorter shared prefixes are not worth a separate pass
 
 
@@ -61,13 +71,13 @@ class _DecoderLayer(Protocol):
     self_attn: _Attention
     mlp: _MLP
     input_layernorm: _Norm
-    post_attention_layernorm: _Norm
+    post_attention_layernorm: _Norm  # Gemma also has pre_/post_feedforward_layernorm
 
 
 class _Backbone(Protocol):
     embed_tokens: nn.Embedding
     norm: _Norm
-    rotary_emb: nn.Module  # (x, position_ids) → (cos, sin)
+    rotary_emb: nn.Module  # (x, position_ids[, layer_type]) → (cos, sin)
     layers: Sequence[_DecoderLayer]
 
 
@@ -92,42 +102,13 @@ def lean_view(model: nn.Module) -> LeanModel:
     return cast(LeanModel, model)
 
 
-def lean_unsupported_reason(model: nn.Module) -> str | None:
-    """Why ``model`` (unwrapped from peft) cannot run on the lean path, or ``None`` when it can."""
-    model = unwrap_peft(model)
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if config is None or model_type not in SUPPORTED_MODEL_TYPES:
-        return f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
-    if config.hidden_act != "silu":
-        return f"hidden_act {config.hidden_act!r} is not 'silu'"
-    if getattr(config, "use_sliding_window", False) or (
-        model_type == "mistral" and getattr(config, "sliding_window", None) is not None
-    ):
-        return "sliding-window attention is not implemented on the lean path"
-    rope = getattr(config, "rope_parameters", None) or {}
-    rope_type = rope.get("rope_type", "default") if isinstance(rope, dict) else "default"
-    if rope_type not in _STATELESS_ROPE_TYPES:
-        return f"rope_type {rope_type!r} depends on sequence length; not on the lean path"
-    inner = getattr(model, "model", None)
-    if inner is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
-        return "expected a *ForCausalLM with .model.layers and .lm_head"
-    for name, module in model.named_modules():
-        if name.endswith(("_proj", "lm_head")):
-            reason = linear_unsupported_reason(module)
-            if reason is not None:
-                return f"{name}: {reason}"
-    return None
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # torch's rms_norm runs HF's fp32 steps (mean of squares, + eps, rsqrt, scale) as one call;
-    # the cast back before the weight multiply is HF's order too.
-    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
-
-
 def _decode_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, use_sdpa: bool
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    use_sdpa: bool,
+    scale: float | None,
 ) -> torch.Tensor:
     """softmax(q·Kᵀ/√d + mask)·V for a few query rows per head: (b, h, g, d), (b, h, L, d) → (b, h, g, d).
 
@@ -135,8 +116,8 @@ def _decode_attention(
     two batched matmuls and a softmax, and gets slower, not faster, with a second thread.
     """
     if use_sdpa:
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-    scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
+    scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5 if scale is None else scale)
     if mask is not None:
         scores.masked_fill_(~mask, float("-inf"))
     return torch.matmul(torch.softmax(scores, dim=-1), values)
@@ -150,18 +131,26 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 class _Layer:
-    def __init__(self, layer: _DecoderLayer, weight_format: str, dtype: torch.dtype) -> None:
+    def __init__(self, layer: _DecoderLayer, spec: FamilySpec, index: int, weight_format: str, dtype: torch.dtype):
         attn, mlp = layer.self_attn, layer.mlp
-        self.norm_in = layer.input_layernorm
-        self.norm_post = layer.post_attention_layernorm
+        names = ["input_layernorm", "post_attention_layernorm"]
+        if spec.gemma:  # norms on both sides of attention and of the MLP
+            names += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        self.norms: dict[str, _Norm] = {name: getattr(layer, name) for name in names}
+        if spec.qk_norm:
+            self.norms.update({name: getattr(attn, name) for name in ("q_norm", "k_norm")})
+        # Norm weights in the compute dtype: the parameters themselves when the dtypes agree.
+        self.w: dict[str, torch.Tensor] = {name: norm.weight for name, norm in self.norms.items()}
+        self.window = spec.windows[index]
+        self.rope_type = spec.rope_types[index]
         self.qkv = Projection([attn.q_proj, attn.k_proj, attn.v_proj], weight_format, dtype)
         self.o = Projection([attn.o_proj], weight_format, dtype)
         self.gate = Projection([mlp.gate_proj], weight_format, dtype)
         self.up = Projection([mlp.up_proj], weight_format, dtype)
         self.down = Projection([mlp.down_proj], weight_format, dtype)
-        # Norm weights in the compute dtype: the parameters themselves when the dtypes agree.
-        self.w_in: torch.Tensor = self.norm_in.weight
-        self.w_post: torch.Tensor = self.norm_post.weight
+
+    def recast_norms(self, dtype: torch.dtype) -> None:
+        self.w = {name: norm.weight.detach().to(dtype) for name, norm in self.norms.items()}
 
     def projections(self) -> tuple[Projection, ...]:
         return (self.qkv, self.o, self.gate, self.up, self.down)
@@ -183,7 +172,8 @@ class LeanDecoder:
             raise ValueError(f"the lean decoder cannot run this model: {reason}")
         model = unwrap_peft(model)
         lm = lean_view(model)
-        config = lm.config
+        config = lm.config.get_text_config()
+        self.spec = spec = family_spec(lm.config)
         self.model = model
         self.weight_format = weight_format
         self.compute_dtype = lm.model.embed_tokens.weight.dtype if dtype is None else dtype
@@ -197,15 +187,19 @@ class LeanDecoder:
         self.num_heads: int = config.num_attention_heads
         self.kv_heads: int = config.num_key_value_heads
         self.head_dim: int = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        self.eps = float(config.rms_norm_eps)
+        self.eps = spec.eps
+        self.norm = spec.norm
         self.embed = lm.model.embed_tokens
+        self.embed_scale: torch.Tensor | None = getattr(self.embed, "embed_scale", None) if spec.gemma else None
         self.final_norm = lm.model.norm
         self.rotary = lm.model.rotary_emb
-        self.layers = [_Layer(layer, weight_format, self.compute_dtype) for layer in lm.model.layers]
+        self.layers = [
+            _Layer(layer, spec, i, weight_format, self.compute_dtype) for i, layer in enumerate(lm.model.layers)
+        ]
         self.lm_head = Projection([lm.lm_head], weight_format, self.compute_dtype)
         self.w_final: torch.Tensor = self.final_norm.weight
         self.cache: KVCache | None = None
-        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._rope_tables: dict[str | None, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # ---- weights ---------------------------------------------------------------------------
     def _projections(self) -> list[Projection]:
@@ -213,12 +207,12 @@ class LeanDecoder:
 
     def refresh_weights(self) -> int:
         """Re-pack stale projections (``packed`` format); returns how many were re-packed."""
-        if self.compute_dtype != self.embed.weight.dtype:
+        # Gemma's norms compute in fp32 from the parameters themselves, whatever the dtype.
+        if self.compute_dtype != self.embed.weight.dtype and not self.spec.gemma:
             # A few KB per layer: cheaper to re-cast at every call than to track versions.
             with torch.no_grad():
                 for layer in self.layers:
-                    layer.w_in = layer.norm_in.weight.detach().to(self.compute_dtype)
-                    layer.w_post = layer.norm_post.weight.detach().to(self.compute_dtype)
+                    layer.recast_norms(self.compute_dtype)
                 self.w_final = self.final_norm.weight.detach().to(self.compute_dtype)
         return sum(p.refresh() for p in self._projections())
 
@@ -229,7 +223,7 @@ class LeanDecoder:
     def release(self) -> None:
         """Free the KV cache and packed copies; the next prefill rebuilds what it needs."""
         self.cache = None
-        self._rope_table = None
+        self._rope_tables = {}
         self.invalidate_weights()
 
     @property
@@ -241,19 +235,21 @@ class LeanDecoder:
         return self.embed.weight.device
 
     # ---- rope ------------------------------------------------------------------------------
-    def _size_rope_table(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Make the cos/sin table cover positions 0 … ``positions`` − 1; returns it."""
-        if self._rope_table is None or self._rope_table[0].shape[0] < positions:
-            ids = torch.arange(positions, device=self.device)[None]
-            probe = torch.empty(0, dtype=self.dtype, device=self.device)
-            cos, sin = self.rotary(probe, ids)
-            self._rope_table = (cos[0], sin[0])
-        return self._rope_table
+    def _size_rope_table(self, positions: int) -> None:
+        """Make the cos/sin tables (one per RoPE layer type) cover positions 0 … ``positions`` − 1."""
+        tables = self._rope_tables
+        if tables and next(iter(tables.values()))[0].shape[0] >= positions:
+            return
+        ids = torch.arange(positions, device=self.device)[None]
+        probe = torch.empty(0, dtype=self.dtype, device=self.device)
+        for rope_type in dict.fromkeys(self.spec.rope_types):
+            cos, sin = self.rotary(probe, ids) if rope_type is None else self.rotary(probe, ids, rope_type)
+            tables[rope_type] = (cos[0], sin[0])
 
-    def _rope_rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin rows for ``positions`` (any shape) → (*positions.shape, head_dim)."""
-        cos_table, sin_table = self._size_rope_table(int(positions.max()) + 1)
-        return cos_table[positions], sin_table[positions]
+    def _rope_rows(self, positions: torch.Tensor) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
+        """Per RoPE layer type, cos/sin rows for ``positions`` (any shape) → (*positions.shape, head_dim)."""
+        self._size_rope_table(int(positions.max()) + 1)
+        return {kind: (cos[positions], sin[positions]) for kind, (cos, sin) in self._rope_tables.items()}
 
     # ---- forward ---------------------------------------------------------------------------
     def prefill(
@@ -301,19 +297,45 @@ class LeanDecoder:
         """Run tokens (b, n) into cache columns ``start`` … ``start + n − 1``; hidden states out.
 
         Each token attends to columns < ``start`` (already filled, all valid) and causally to the
-        valid tokens of its own block. ``b`` = 1 fills the columns of every cache row.
+        valid tokens of its own block; in a sliding-window layer only to keys less than the
+        window behind it in position. ``b`` = 1 fills the columns of every cache row.
         """
         n = input_ids.shape[1]
         causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
         # A padding query attends to itself only, so no row of the softmax is empty (NaN).
         mask = (causal & valid[:, None, :]) | torch.eye(n, dtype=torch.bool, device=self.device)
+        key_pos = position_ids
         if start:
             mask = torch.cat([mask.new_ones(mask.shape[0], n, start), mask], dim=2)
-        cos, sin = self._rope_rows(position_ids)
-        x = F.embedding(input_ids, self.embed.weight).to(self.compute_dtype)
+            prefix_pos = torch.arange(start, device=self.device)[None].expand(position_ids.shape[0], start)
+            key_pos = torch.cat([prefix_pos, position_ids], dim=1)
+        cache.key_pos[:, start : start + n] = position_ids
+        masks: dict[int | None, torch.Tensor] = {None: mask[:, None]}
+        for window in self._windows():
+            recent = key_pos[:, None, :] > position_ids[:, :, None] - window
+            masks[window] = (mask & recent)[:, None]
+        rope = {kind: (cos[:, :, None], sin[:, :, None]) for kind, (cos, sin) in self._rope_rows(position_ids).items()}
+        x = self._embed(input_ids)
         for index, layer in enumerate(self.layers):
-            x = self._prefill_layer(cache, index, layer, x, cos[:, :, None], sin[:, :, None], mask[:, None], start)
+            x = self._prefill_layer(cache, index, layer, x, rope[layer.rope_type], masks[layer.window], start)
         return x
+
+    def _windows(self) -> set[int]:
+        return {window for window in self.spec.windows if window is not None}
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(ids, self.embed.weight)
+        if self.embed_scale is not None:  # Gemma: × √hidden, in the embedding's dtype (as HF)
+            x = x * self.embed_scale.to(x.dtype)
+        return x.to(self.compute_dtype)
+
+    def _qk(self, layer: _Layer, qk: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Queries and keys (..., heads + kv, head_dim): the per-head q/k norms if any, then RoPE."""
+        if self.spec.qk_norm:
+            heads, kv = self.num_heads, self.kv_heads
+            weight = torch.cat([layer.w["q_norm"].expand(heads, -1), layer.w["k_norm"].expand(kv, -1)])
+            qk = self.norm(qk, weight, self.eps)
+        return _rope(qk, *rope)
 
     def _prefill_layer(
         self,
@@ -321,16 +343,15 @@ class LeanDecoder:
         index: int,
         layer: _Layer,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
         mask: torch.Tensor,
         start: int,
     ) -> torch.Tensor:
         rows, n, _ = x.shape
         heads, kv = self.num_heads, self.kv_heads
-        h = _rms_norm(x, layer.w_in, self.eps)
+        h = self.norm(x, layer.w["input_layernorm"], self.eps)
         qkv = layer.qkv(h).view(rows, n, heads + 2 * kv, self.head_dim)
-        qk = _rope(qkv[:, :, : heads + kv], cos, sin)
+        qk = self._qk(layer, qkv[:, :, : heads + kv], rope)
         q = qk[:, :, :heads].transpose(1, 2)
         k = qk[:, :, heads:].transpose(1, 2)
         v = qkv[:, :, heads + kv :].transpose(1, 2)
@@ -340,14 +361,26 @@ class LeanDecoder:
         if start:  # attend to the shared prefix in the cache too
             q = q.to(self.cache_dtype)
             k, v = keys[:, :, : start + n], values[:, :, : start + n]
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=heads != kv)
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=heads != kv, scale=self.spec.scale)
         attn = attn.to(self.compute_dtype).transpose(1, 2).reshape(rows, n, heads * self.head_dim)
-        return self._mlp(layer, layer.o.plus(attn, x))
+        return self._attention_out_and_mlp(layer, attn, x)
 
-    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        """x + down(silu(gate(h)) ⊙ up(h)), h = rms(x): three matmuls with fused epilogues."""
-        h = _rms_norm(x, layer.w_post, self.eps)
-        return layer.down.plus(layer.up.times(h, layer.gate.silu(h)), x)
+    def _attention_out_and_mlp(self, layer: _Layer, attn: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The attention output projection and the MLP, each added to the residual stream.
+
+        Llama family: x + down(silu(gate(h)) ⊙ up(h)), h = rms(x), three matmuls with fused
+        epilogues. Gemma: each block's output is normed before the residual add, and the MLP is
+        GeGLU between a pre- and a post-norm.
+        """
+        w = layer.w
+        if not self.spec.gemma:
+            x = layer.o.plus(attn, x)
+            h = self.norm(x, w["post_attention_layernorm"], self.eps)
+            return layer.down.plus(layer.up.times(h, layer.gate.silu(h)), x)
+        x = x + self.norm(layer.o(attn), w["post_attention_layernorm"], self.eps)
+        h = self.norm(x, w["pre_feedforward_layernorm"], self.eps)
+        mlp = layer.down(layer.up.times(h, layer.gate.gelu_tanh(h)))
+        return x + self.norm(mlp, w["post_feedforward_layernorm"], self.eps)
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One step for every cache row: ``tokens``, ``positions`` (rows,) → float32 logits (rows, V)."""
@@ -357,14 +390,18 @@ class LeanDecoder:
         col = cache.length
         if col >= cache.max_len:
             raise RuntimeError(f"KV cache full ({cache.max_len} columns)")
-        cos, sin = self._rope_rows(positions)
-        cos, sin = cos[:, None], sin[:, None]
+        rope = {kind: (cos[:, None], sin[:, None]) for kind, (cos, sin) in self._rope_rows(positions).items()}
+        cache.key_pos[:, col] = positions
         # Without padding no mask is needed; that SDPA call is also the one HF makes, so the
         # numerics match its decode step bit for bit.
-        mask = None if cache.no_padding else cache.key_valid[:, None, None, : col + 1]
-        x = F.embedding(tokens, self.embed.weight).to(self.compute_dtype)
+        full = None if cache.no_padding else cache.key_valid[:, None, None, : col + 1]
+        masks: dict[int | None, torch.Tensor | None] = {None: full}
+        for window in self._windows():
+            windowed = cache.window_mask(positions, window, col + 1)
+            masks[window] = None if full is None and bool(windowed.all()) else windowed
+        x = self._embed(tokens)
         for index, layer in enumerate(self.layers):
-            x = self._decode_layer(cache, index, layer, x, cos, sin, mask, col)
+            x = self._decode_layer(cache, index, layer, x, rope[layer.rope_type], masks[layer.window], col)
         cache.length = col + 1
         return self._logits(x)
 
@@ -374,32 +411,36 @@ class LeanDecoder:
         index: int,
         layer: _Layer,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
         mask: torch.Tensor | None,
         col: int,
     ) -> torch.Tensor:
         rows = x.shape[0]
         heads, kv, hd = self.num_heads, self.kv_heads, self.head_dim
-        h = _rms_norm(x, layer.w_in, self.eps)
+        h = self.norm(x, layer.w["input_layernorm"], self.eps)
         qkv = layer.qkv(h).view(rows, heads + 2 * kv, hd)
-        qk = _rope(qkv[:, : heads + kv], cos, sin)
+        qk = self._qk(layer, qkv[:, : heads + kv], rope)
         keys, values = cache.keys(index), cache.values(index)
         keys[:, :, col] = qk[:, heads:]
         values[:, :, col] = qkv[:, heads + kv :]
         keys, values = keys[:, :, : col + 1], values[:, :, : col + 1]
+        scale = self.spec.scale
         if self.hf_numerics and mask is None:
             # HF's own call when nothing is padded: same numerics as its decode step.
-            attn = F.scaled_dot_product_attention(qk[:, :heads, None], keys, values, enable_gqa=heads != kv)
+            q = qk[:, :heads, None]
+            attn = F.scaled_dot_product_attention(q, keys, values, enable_gqa=heads != kv, scale=scale)
         else:
             # The g query heads sharing a key/value head become g query rows of that head.
             q = qk[:, :heads].reshape(rows, kv, heads // kv, hd).to(self.cache_dtype)
-            attn = _decode_attention(q, keys, values, mask, self.hf_numerics).to(self.compute_dtype)
-        return self._mlp(layer, layer.o.plus(attn.reshape(rows, heads * hd), x))
+            attn = _decode_attention(q, keys, values, mask, self.hf_numerics, scale).to(self.compute_dtype)
+        return self._attention_out_and_mlp(layer, attn.reshape(rows, heads * hd), x)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        h = _rms_norm(x, self.w_final, self.eps)
-        return self.lm_head(h).float()
+        logits = self.lm_head(self.norm(x, self.w_final, self.eps))
+        cap = self.spec.final_softcap
+        if cap is not None:  # Gemma: cap · tanh(logits / cap), in the logits' dtype (as HF)
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()
 
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep/repeat cache rows (drop finished sequences, or fan a prompt out to n samples)."""

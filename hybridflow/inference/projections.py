@@ -249,6 +249,12 @@ class Projection:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight, self._packed_bias, "swish", [], "")
         return F.silu(self._linear(x))
 
+    def gelu_tanh(self, x: torch.Tensor) -> torch.Tensor:
+        """``gelu(x·Wᵀ + b)`` with the tanh approximation (Gemma's ``gelu_pytorch_tanh``)."""
+        if self._onednn_ready():
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight, self._packed_bias, "gelu", [], "tanh")
+        return F.gelu(self._linear(x), approximate="tanh")
+
     def times(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """``(x·Wᵀ + b) ⊙ other``."""
         if self._onednn_ready():

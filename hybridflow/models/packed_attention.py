@@ -14,6 +14,12 @@ causal attention segment by segment (eager: scores, softmax, values; sdpa: torch
 without them (an ordinary padded batch, generation with a cache) they compute exactly what
 ``eager`` / ``sdpa`` compute, with the matching mask format. A model loaded with one of them
 therefore runs padded and packed micro-batches alike.
+
+Sliding-window layers (Gemma 3's local layers, Mistral, Qwen2/3 with ``use_sliding_window``)
+pass ``sliding_window``: inside a segment a query then sees only the keys less than the window
+behind it (HF's rule, q − k < window), as HF's sliding mask does for a padded row. Gemma 2's
+``softcap`` on the scores is applied by the eager kernels; SDPA cannot, and refuses it as HF's
+does.
 """
 
 from __future__ import annotations
@@ -53,9 +59,13 @@ def _eager(
     scaling: float,
     dropout: float,
     training: bool,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """softmax(q kᵀ · scale + mask) v in float32 softmax, as HF's eager kernel; (b, h, n, d) out."""
+    """softmax(q kᵀ · scale + mask) v in float32 softmax, as HF's eager kernel; (b, h, n, d) out.
+    ``softcap``: the scores become cap · tanh(scores / cap) before the mask (HF's order)."""
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores + mask[:, :, :, : key.shape[-2]]
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
@@ -68,21 +78,35 @@ def _segments(cu_seq_lens: torch.Tensor) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
-def _packed(module: torch.nn.Module, query, key, value, base: str, scaling: float, dropout: float, cu) -> torch.Tensor:
-    """Causal attention inside each segment of the one packed row; (1, n, h, d) out."""
+def _allowed(n: int, window: int | None, device: torch.device) -> torch.Tensor | None:
+    """(n, n) bool: causal, and within ``window`` of the query when set; None when plain causal."""
+    if window is None or window >= n:
+        return None
+    offsets = torch.arange(n, device=device)[:, None] - torch.arange(n, device=device)[None]
+    return (offsets >= 0) & (offsets < window)
+
+
+def _packed(
+    module: torch.nn.Module, query, key, value, base: str, scaling: float, dropout: float, cu, window, softcap
+) -> torch.Tensor:
+    """Causal (or sliding-window) attention inside each segment of the one packed row; (1, n, h, d) out."""
     groups = query.shape[1] // key.shape[1]
     key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
     parts = []
     for start, end in _segments(cu):
         q, k, v = query[:, :, start:end], key[:, :, start:end], value[:, :, start:end]
+        n = end - start
+        allowed = _allowed(n, window, q.device)
         if base == "sdpa":
+            p = dropout if module.training else 0.0
             out = F.scaled_dot_product_attention(
-                q, k, v, dropout_p=dropout if module.training else 0.0, is_causal=True, scale=scaling
+                q, k, v, attn_mask=allowed, dropout_p=p, is_causal=allowed is None, scale=scaling
             )
         else:
-            n = end - start
-            causal = torch.full((n, n), torch.finfo(q.dtype).min, dtype=q.dtype, device=q.device).triu(1)
-            out = _eager(q, k, v, causal[None, None], scaling, dropout, module.training)
+            if allowed is None:
+                allowed = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+            bias = torch.zeros(n, n, dtype=q.dtype, device=q.device).masked_fill_(~allowed, torch.finfo(q.dtype).min)
+            out = _eager(q, k, v, bias[None, None], scaling, dropout, module.training, softcap)
         parts.append(out)
     return torch.cat(parts, dim=2).transpose(1, 2).contiguous()
 
@@ -91,18 +115,21 @@ def _forward(base: str):
     def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
         scale = module.head_dim**-0.5 if scaling is None else scaling
         cu = kwargs.get("cu_seq_lens_q")
+        softcap = kwargs.get("softcap")
         if cu is not None:
             if query.shape[0] != 1:
                 raise ValueError(f"a packed forward holds one row of rows, got batch size {query.shape[0]}")
-            return _packed(module, query, key, value, base, scale, dropout, cu), None
+            if base == "sdpa" and softcap is not None:
+                raise ValueError("sdpa attention cannot apply the score softcap; use attn_implementation=eager")
+            window = kwargs.get("sliding_window")
+            return _packed(module, query, key, value, base, scale, dropout, cu, window, softcap), None
         if base == "sdpa":
             return sdpa_attention_forward(
                 module, query, key, value, attention_mask, dropout=dropout, scaling=scale, **kwargs
             )
         groups = query.shape[1] // key.shape[1]
-        out = _eager(
-            query, _repeat_kv(key, groups), _repeat_kv(value, groups), attention_mask, scale, dropout, module.training
-        )
+        key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+        out = _eager(query, key, value, attention_mask, scale, dropout, module.training, softcap)
         return out.transpose(1, 2).contiguous(), None
 
     return attention

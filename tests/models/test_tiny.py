@@ -59,7 +59,7 @@ def test_tokenizer_is_deterministic() -> None:
     assert build_tiny_tokenizer().get_vocab() == build_tiny_tokenizer().get_vocab()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3", "mistral"])
 def test_model_is_seeded_and_leaves_global_rng_alone(arch: str) -> None:
     torch.manual_seed(123)
     before = torch.random.get_rng_state()
@@ -79,7 +79,7 @@ def test_model_dtype_and_bad_arch() -> None:
         build_tiny_model(arch="gpt9")
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 def test_saved_folder_reloads_with_auto_classes(tmp_path, arch: str) -> None:
     path = save_tiny_model(tmp_path / "m", arch=arch, seed=3)
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in path.iterdir()}
@@ -94,7 +94,22 @@ def test_saved_folder_reloads_with_auto_classes(tmp_path, arch: str) -> None:
     original = build_tiny_model(arch=arch, seed=3)
     ids = torch.tensor([ref.encode("What is 7+5?")])
     assert torch.equal(model(ids).logits, original(ids).logits)
-    assert json.loads((path / "config.json").read_text())["model_type"] == arch
+    assert json.loads((path / "config.json").read_text())["model_type"] == {"gemma3": "gemma3_text"}.get(arch, arch)
+
+
+def test_qwen3_and_gemma3_shapes() -> None:
+    qwen3 = build_tiny_model(arch="qwen3")
+    assert qwen3.config.head_dim == 32 and not qwen3.config.use_sliding_window
+    # random norm weights (HF starts them at the identity), q/k norms included
+    assert not torch.equal(qwen3.model.layers[0].self_attn.q_norm.weight, torch.ones(32))
+    gemma = build_tiny_model(arch="gemma3")
+    config = gemma.config
+    assert config.layer_types == ["sliding_attention", "full_attention"] and config.sliding_window == 8
+    assert config.query_pre_attn_scalar == 64 and config.head_dim == 32
+    rope = config.rope_parameters
+    assert rope["sliding_attention"]["rope_theta"] != rope["full_attention"]["rope_theta"]
+    assert gemma.model.layers[0].pre_feedforward_layernorm.weight.abs().max() > 0
+    assert gemma.lm_head.weight is gemma.model.embed_tokens.weight
 
 
 def test_save_refuses_to_overwrite(tmp_path) -> None:
