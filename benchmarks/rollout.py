@@ -55,13 +55,19 @@ ROOFLINE_TARGET = 0.60
 
 
 def build_prompts(tokenizer, batch: int) -> dict[str, torch.Tensor]:
-    """``batch`` distinct chat-formatted arithmetic questions, left-padded."""
+    """``batch`` distinct arithmetic questions, left-padded: chat-formatted, or for a base model
+    without a chat template (Gemma 3 270M) plain ``Question: ...\nAnswer:`` text after its BOS."""
     texts = []
+    plain = tokenizer.chat_template is None
     for i in range(batch):
-        messages = [{"role": "user", "content": f"What is {17 + 7 * i} + {29 + 5 * i}? Explain step by step."}]
-        texts.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        question = f"What is {17 + 7 * i} + {29 + 5 * i}? Explain step by step."
+        if plain:
+            texts.append(f"Question: {question}\nAnswer:")
+        else:
+            messages = [{"role": "user", "content": question}]
+            texts.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
     tokenizer.padding_side = "left"
-    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=plain)
     mask = enc["attention_mask"]
     return {
         "input_ids": enc["input_ids"],
@@ -73,7 +79,7 @@ def build_prompts(tokenizer, batch: int) -> dict[str, torch.Tensor]:
 class Clock:
     """Wall time and this process's CPU time of a block (CPU time is less disturbed by other jobs)."""
 
-    def __enter__(self) -> "Clock":
+    def __enter__(self) -> Clock:
         self.wall, self.cpu = time.perf_counter(), time.process_time()
         return self
 

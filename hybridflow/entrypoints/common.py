@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from hybridflow.data.tasks import TASKS, write_task
+from hybridflow.data.tasks.common import apply_prompt_template
 from hybridflow.utils.errors import InputError, debug_enabled, one_paragraph
 
 BUILTIN_DATA_ROOT = Path("~/data/hybridflow").expanduser()
@@ -42,6 +43,12 @@ def build_data_parser() -> argparse.ArgumentParser:
         spec = TASKS.get(name)
         sub = subparsers.add_parser(name, help=spec.help, description=spec.help)
         sub.add_argument("--out", required=True, help="output folder (created if missing)")
+        sub.add_argument(
+            "--prompt-template",
+            default=None,
+            help="wrap each user message: '{question}' marks where it goes, e.g. 'Question: {question}\\nAnswer:' "
+            "(\\n is a newline); for base models trained with data.apply_chat_template=false",
+        )
         spec.add_arguments(sub)
     return parser
 
@@ -52,6 +59,12 @@ def write_builtin_task(args: argparse.Namespace) -> int:
     try:
         spec = TASKS.get(args.task)
         train_rows, test_rows = spec.build(args)
+        if args.prompt_template is not None:
+            template = args.prompt_template.replace("\\n", "\n")
+            train_rows, test_rows = (
+                apply_prompt_template(train_rows, template),
+                apply_prompt_template(test_rows, template),
+            )
         paths = write_task(train_rows, test_rows, args.out)
         if spec.write_extra is not None:
             paths += spec.write_extra(args, Path(args.out).expanduser())

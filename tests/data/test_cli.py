@@ -42,3 +42,20 @@ def test_cli_errors_are_reported(tmp_path, capsys):
     bad.write_text(json.dumps({"question": "q", "answer": "no marker"}) + "\n")
     assert main(["gsm8k", "--train", str(bad), "--test", str(bad), "--out", str(tmp_path / "o")]) == 2
     assert "train.jsonl: row 0: field 'answer'" in capsys.readouterr().err
+
+
+def test_prompt_template_wraps_every_question(tmp_path):
+    out = tmp_path / "plain"
+    args = ["arithmetic", "--out", str(out), "--train-size", "3", "--test-size", "2", "--digits", "1"]
+    assert main([*args, "--instruction", "", "--prompt-template", "Q: {question}\\nA: {x}"]) == 0
+    for split in ("train", "test"):
+        for row in read_rows(out / f"{split}.parquet"):
+            content = row["prompt"][0]["content"]
+            expression = row["extra_info"]["expression"]
+            assert content == f"Q: What is {expression}?\nA: {{x}}"  # other braces stay literal
+
+
+def test_prompt_template_without_the_placeholder_is_refused(tmp_path, capsys):
+    assert main(["arithmetic", "--out", str(tmp_path), "--prompt-template", "Question:"]) == 2
+    assert "must contain '{question}' exactly once" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

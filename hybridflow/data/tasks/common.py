@@ -52,6 +52,24 @@ def make_row(
     }
 
 
+def apply_prompt_template(rows: Rows, template: str) -> Rows:
+    """``rows`` with every user message's content put into ``template`` at ``{question}`` — the plain
+    prompt format a base model needs (``"Question: {question}\nAnswer:"``); other braces are literal."""
+    if template.count("{question}") != 1:
+        raise ValueError(f"--prompt-template must contain '{{question}}' exactly once, got {template!r}")
+    before, after = template.split("{question}")
+    return [
+        {
+            **row,
+            PROMPT_KEY: [
+                {**m, "content": before + m["content"] + after} if m.get("role") == "user" else m
+                for m in row[PROMPT_KEY]
+            ],
+        }
+        for row in rows
+    ]
+
+
 def write_task(train_rows: Rows, test_rows: Rows, out_dir: str | os.PathLike) -> list[Path]:
     """Write ``train`` / ``test`` as both ``.parquet`` and ``.jsonl`` under ``out_dir``; returns the paths."""
     out = Path(out_dir).expanduser()
