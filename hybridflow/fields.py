@@ -56,6 +56,8 @@ DATA_SOURCE = "data_source"
 REWARD_MODEL = "reward_model"
 EXTRA_INFO = "extra_info"
 RAW_PROMPT = "raw_prompt"
+# Vision-language rows: the processor's image tensors of the prompt (pixel_values, image_grid_thw).
+MULTI_MODAL_INPUTS = "multi_modal_inputs"
 # Per response (agent loops): the weight versions of its first and last generated tokens; they
 # differ only when a partial rollout was resumed across a weight update (int64, -1 = no token).
 WEIGHT_VERSION_MIN = "weight_version_min"
@@ -91,6 +93,7 @@ FIELDS: dict[str, Field] = {
         Field(REWARD_MODEL, "()", False, "dict with style and ground_truth"),
         Field(EXTRA_INFO, "()", False, "dict of per-row extras (split, index, ...)"),
         Field(RAW_PROMPT, "()", False, "the chat messages before templating"),
+        Field(MULTI_MODAL_INPUTS, "()", False, "the prompt's image tensors: pixel_values, image_grid_thw"),
     ]
 }
 

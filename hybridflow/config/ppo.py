@@ -70,6 +70,14 @@ class DataConfig:
     apply_chat_template_kwargs: dict[str, Any] = setting(
         factory=dict, help="extra keyword arguments for tokenizer.apply_chat_template"
     )
+    image_key: str = setting(
+        "images",
+        "column holding each row's images (verl's multimodal layout: one per `<image>` placeholder of the prompt); "
+        "rows with images need a vision-language model, and hybridflow train refuses them until generation takes images (docs/vision.md)",
+    )
+    video_key: str = setting(
+        "videos", "column holding each row's videos; a row with videos is an error (not supported yet)"
+    )
 
 
 @dataclass(frozen=True)

@@ -100,9 +100,10 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey("data.return_raw_input_ids", "raw input ids are only needed with a separate reward-model tokenizer"),
     IgnoredKey("data.return_full_prompt", "verl debugging field"),
     IgnoredKey("data.filter_overlong_prompts_workers", "filtering runs in one process"),
-    IgnoredKey("data.image_key", "multi-modal data not supported"),
-    IgnoredKey("data.video_key", "multi-modal data not supported"),
-    IgnoredKey("data.return_multi_modal_inputs", "multi-modal data not supported"),
+    IgnoredKey(
+        "data.return_multi_modal_inputs",
+        "verl's dataset reads it but no longer uses it; rows with images always carry multi_modal_inputs",
+    ),
     IgnoredKey("trainer.esi_redundant_time", "elastic-server checkpoint timing"),
     IgnoredKey("trainer.default_hdfs_dir", "HDFS checkpoint upload"),
     IgnoredKey("trainer.del_local_ckpt_after_load", "HDFS checkpoint handling"),
@@ -210,7 +211,10 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
         "data.tool_config_path",
         "verl's dataset copy of actor_rollout_ref.rollout.multi_turn.tool_config_path, which is the one read",
     ),
-    IgnoredKey("data.image_patch_size", "multi-modal models are not supported; the key has no effect on text"),
+    IgnoredKey(
+        "data.image_patch_size",
+        "images are resized by the model's processor with its own patch size (preprocessor_config.json)",
+    ),
     IgnoredKey(
         "reward_model.rollout.*",
         "engine settings of verl's reward-model server; a judge is served by `hybridflow serve` "

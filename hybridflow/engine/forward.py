@@ -21,6 +21,13 @@ every row's real tokens back to back in one row, positions restarting per row, a
 inside each row only (the segment boundaries go to the model as ``cu_seq_lens_q``). The
 outputs are the same up to float rounding. A micro-batch that shares prompt keys and values
 (``prompt_cache``) keeps the padded layout: its prompts are already computed once per batch.
+
+Vision-language rows (Qwen2-VL) carry their image tensors (``multi_modal_inputs``) and 3-D
+positions (b, 3, L); the padded path gives the model the micro-batch's image tensors in row
+order and the positions as (3, b, columns) (:mod:`hybridflow.engine.multimodal_inputs`). Such
+micro-batches are never packed, and their prompts are not shared across rows (equal prompt
+ids can hold other images); the chunked LM head does not know Qwen2-VL's head, so the plain
+head runs.
 """
 
 from __future__ import annotations
@@ -41,6 +48,13 @@ from hybridflow.algorithms.utils import (
 )
 from hybridflow.engine.chunked_lm_head import LMHead, capture_head_log_probs, find_lm_head
 from hybridflow.engine.fused_log_probs import token_log_probs
+from hybridflow.engine.multimodal_inputs import (
+    check_image_tokens,
+    image_model_kwargs,
+    is_multimodal,
+    log_step_aside,
+    model_position_ids,
+)
 from hybridflow.models.packed_attention import PACKED_PREFIX
 
 
@@ -82,15 +96,21 @@ def response_window(attention_mask: torch.Tensor, response_len: int) -> Window:
     return Window(lo=lo, hi=hi, prompt_len=prompt_len, response_len=response_len)
 
 
-def _windowed_inputs(micro: TensorDict, window: Window) -> dict[str, torch.Tensor]:
-    """Columns ``lo … hi − 2`` of the model inputs: the last real token predicts nothing we use."""
+def _windowed_inputs(module: torch.nn.Module, micro: TensorDict, window: Window) -> dict[str, torch.Tensor]:
+    """Columns ``lo … hi − 2`` of the model inputs: the last real token predicts nothing we use.
+    Image rows add their image tensors (all image tokens are prompt tokens, so inside the
+    window) and 3-D positions as (3, b, columns) (:mod:`hybridflow.engine.multimodal_inputs`)."""
     attention_mask = micro[FK.ATTENTION_MASK]
     position_ids = micro[FK.POSITION_IDS] if FK.POSITION_IDS in micro.keys() else compute_position_ids(attention_mask)
     cols = slice(window.lo, window.hi - 1)
+    input_ids = micro[FK.INPUT_IDS][:, cols]
+    images = image_model_kwargs(micro, input_ids.device)
+    check_image_tokens(module, input_ids, images)
     return {
-        "input_ids": micro[FK.INPUT_IDS][:, cols],
+        "input_ids": input_ids,
         "attention_mask": attention_mask[:, cols],
-        "position_ids": position_ids[:, cols],
+        "position_ids": model_position_ids(position_ids[..., cols]),
+        **images,
     }
 
 
@@ -118,7 +138,11 @@ CHUNKED_HEAD_MIN_BYTES = 1 << 30
 
 def worth_packing(micro: TensorDict, response_len: int, min_padding: float = PACK_MIN_PADDING) -> bool:
     """Pack this micro-batch? It has a response token, and padding is ≥ ``min_padding`` of the
-    (b, window) block the padded path would compute."""
+    (b, window) block the padded path would compute. Rows with images or 3-D positions are
+    never packed: packing flattens (b, L) positions and knows nothing of image tensors."""
+    if is_multimodal(micro):
+        log_step_aside("use_remove_padding (packed rows)", "packing handles only (B, L) text rows; padded path used")
+        return False
     mask = micro[FK.ATTENTION_MASK]
     if not bool(mask[:, -response_len:].any()):
         return False
@@ -204,6 +228,8 @@ def _response_forward(
     predict a response token."""
     split = window.prompt_len - 1 - window.lo  # prompt columns before the last prompt token
     if prompt_cache is not None and split > 0:
+        if inputs["position_ids"].dim() == 3 or "pixel_values" in inputs:
+            raise ValueError("a prompt cache cannot serve rows with images or 3-D positions (plan_chunks steps aside)")
         # Columns lo … P−2 were run once per distinct prompt; run the rest against them.
         return module(
             input_ids=inputs["input_ids"][:, split:],
@@ -303,7 +329,7 @@ def _model_call(
             finish=lambda x: unpack(x[0], packed),
         )
     window = response_window(micro[FK.ATTENTION_MASK], responses.shape[1])
-    inputs = _windowed_inputs(micro, window)
+    inputs = _windowed_inputs(module, micro, window)
     return _ModelCall(
         run=lambda: _response_forward(module, inputs, window, prompt_cache),
         labels=responses[:, : window.n_response],
@@ -402,7 +428,7 @@ def response_values(module: torch.nn.Module, micro: TensorDict) -> dict[str, tor
         values = module(**packed.inputs)[0, packed.keep]  # (K,)
         return {"values": unpack(values.float(), packed)}
     window = response_window(micro[FK.ATTENTION_MASK], responses.shape[1])
-    values = module(**_windowed_inputs(micro, window))  # (b, hi − 1 − lo)
+    values = module(**_windowed_inputs(module, micro, window))  # (b, hi − 1 − lo)
     start = window.prompt_len - 1 - window.lo
     values = values[:, start : start + window.n_response]
     return {"values": _finish(values.float(), micro, window)}

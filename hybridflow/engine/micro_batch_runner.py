@@ -4,7 +4,8 @@ A run is a list of :class:`Chunk` s, each a list of micro-batches (lists of row 
 :mod:`hybridflow.engine.micro_batch`). :func:`plan_chunks` makes it: when rows repeat a
 prompt and both the module and the forward function can share it, one chunk per group of
 whole prompts, whose distinct prompts run once before its micro-batches
-(:mod:`hybridflow.engine.shared_prompt`); otherwise one chunk holding the plain plan.
+(:mod:`hybridflow.engine.shared_prompt`); otherwise one chunk holding the plain plan (always
+for rows with images or 3-D positions, :mod:`hybridflow.engine.multimodal_inputs`).
 ``infer_plan`` / ``train_micro_batches`` take a ready plain plan, so an engine can adjust it
 first — the FSDP engine makes every data-parallel rank run the same number of micro-batches.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from tensordict import TensorDict
@@ -25,6 +26,7 @@ from hybridflow.engine.micro_batch import (
     plan_prompt_chunks,
     restore_order,
 )
+from hybridflow.engine.multimodal_inputs import is_multimodal, log_step_aside
 from hybridflow.engine.shared_prompt import (
     PROMPT_CACHE_ARG,
     PromptCache,
@@ -58,6 +60,10 @@ def make_plan(batch: TensorDict, spec: MicroBatchSpec | None) -> list[list[int]]
     n = int(batch.batch_size[0])
     if spec is None:
         return [list(range(n))] if n else []
+    if spec.real_tokens and is_multimodal(batch):
+        # Such rows are never packed (forward.worth_packing): budget their padded size.
+        log_step_aside("the real-token budget", "rows with images or 3-D positions run padded: rows × longest counted")
+        spec = replace(spec, real_tokens=False)
     return plan_micro_batches(_row_lengths(batch), spec)
 
 
@@ -75,7 +81,11 @@ def plan_chunks(
     (:func:`~hybridflow.engine.shared_prompt.shares_prompts`); else :func:`make_plan`'s plan."""
     groups = None
     if takes_prompt_cache(forward_fn) and shares_prompts(module, training):
-        groups = prompt_groups(batch)
+        if is_multimodal(batch):
+            # Equal prompt ids can hold different images (same grid, other pixels).
+            log_step_aside("the shared-prompt pass", "rows with images or 3-D positions run their prompts themselves")
+        else:
+            groups = prompt_groups(batch)
     if groups is None:
         return [Chunk(make_plan(batch, spec))]
     prompt_of, prompt_tokens = groups

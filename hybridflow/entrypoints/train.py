@@ -33,6 +33,7 @@ from hybridflow.entrypoints.common import (
     resolve_device,
 )
 from hybridflow.models import load_tokenizer, resolve_model_path
+from hybridflow.models.processor import load_processor
 from hybridflow.reward import CustomRewardFunction, build_reward_manager
 from hybridflow.reward.scorers import CODE_SOURCES
 from hybridflow.reward.scorers.code import CodeSandboxSpec
@@ -54,7 +55,9 @@ from hybridflow.workers.rollout.worker import RolloutWorker
 from hybridflow.workers.teacher import TeacherWorker
 
 
-def build_loaders(config: PPOConfig, tokenizer) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
+def build_loaders(
+    config: PPOConfig, tokenizer, processor: Any = None
+) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
     data = config.data
     common: dict[str, Any] = dict(
         prompt_key=data.prompt_key,
@@ -68,6 +71,9 @@ def build_loaders(config: PPOConfig, tokenizer) -> tuple[StatefulDataLoader, Sta
         ),
         chat_template_kwargs=dict(data.apply_chat_template_kwargs),
         apply_chat_template=data.apply_chat_template,
+        processor=processor,
+        image_key=data.image_key,
+        video_key=data.video_key,
     )
     limits = {"data.train_files": _samples(data.max_samples), "data.val_files": _samples(data.val_max_samples)}
     files = {"data.train_files": tuple(data.train_files), "data.val_files": tuple(data.val_files)}
@@ -75,6 +81,15 @@ def build_loaders(config: PPOConfig, tokenizer) -> tuple[StatefulDataLoader, Sta
         {k: v for k, v in files.items() if v},
         lambda key, key_files: RLDataset(key_files, tokenizer, max_samples=limits[key], **common),
     )
+    for key, dataset in datasets.items():
+        if dataset.multimodal:  # the dataset side is done; the rollout and workers are not (issue 32)
+            raise ConfigError(
+                [
+                    f"{key} has rows with images ({data.image_key!r} column): training on images is not wired "
+                    "into the rollout yet (docs/vision.md); the multimodal dataset and actor forward exist, "
+                    "generation with images does not"
+                ]
+            )
     seed = config.trainer.seed if data.seed is None else data.seed
     gen_batch = data.gen_batch_size or data.train_batch_size  # larger only for DAPO dynamic sampling
     train_loader = StatefulDataLoader(datasets["data.train_files"], gen_batch, shuffle=data.shuffle, seed=seed)
@@ -378,7 +393,8 @@ def build_trainer(config: PPOConfig) -> PPOTrainer:
     if config.actor_rollout_ref.model.custom_chat_template is not None:
         # the prompts are rendered here, so the replacement template must reach this tokenizer too
         tokenizer.chat_template = config.actor_rollout_ref.model.custom_chat_template
-    train_loader, val_loader = build_loaders(config, tokenizer)
+    processor = load_processor(resolve_model_path(config.data.tokenizer or model_path))
+    train_loader, val_loader = build_loaders(config, tokenizer, processor)
     total_steps = config.trainer.total_training_steps or len(train_loader) * config.trainer.total_epochs
     judge = start_judge(config) if serves_judge(config) else None
     reward_fn, val_reward_fn = build_reward_fns(config, tokenizer, judge.address if judge else None)

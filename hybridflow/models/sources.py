@@ -15,6 +15,7 @@ A model path (``actor_rollout_ref.model.path``, ``critic.model.path``,
      and converted once into ``$HYBRIDFLOW_CACHE/models/gemma3-270m``;
    * ``tiny-llama`` / ``tiny-qwen2`` / ``tiny-qwen3`` / ``tiny-gemma3`` — the seeded tiny random models of
      :mod:`hybridflow.models.tiny`, written once to the same cache;
+   * ``tiny-qwen2-vl`` — the seeded tiny Qwen2-VL vision-language model of :mod:`hybridflow.models.tiny_vlm`;
 
 3. a Hub id, ``org/name`` or ``org/name@revision`` (a branch, tag or commit): downloaded once
    into huggingface_hub's cache by :mod:`hybridflow.models.hub`, which says what is fetched and
@@ -36,6 +37,7 @@ from hybridflow.models.gemma3_package import GEMMA3_GGUF, GEMMA3_INSTALL, GEMMA3
 from hybridflow.models.gguf_convert import convert_gguf_to_hf, is_complete_hf_folder
 from hybridflow.models.hub import download_model, parse_hub_id
 from hybridflow.models.tiny import save_tiny_model
+from hybridflow.models.tiny_vlm import tiny_vlm_folder
 from hybridflow.utils.errors import InputError
 from hybridflow.utils.registry import Registry
 
@@ -156,3 +158,4 @@ MODEL_SOURCES.add("tiny-llama", partial(tiny_model_folder, "llama"))
 MODEL_SOURCES.add("tiny-qwen2", partial(tiny_model_folder, "qwen2"))
 MODEL_SOURCES.add("tiny-qwen3", partial(tiny_model_folder, "qwen3"))
 MODEL_SOURCES.add("tiny-gemma3", partial(tiny_model_folder, "gemma3"))
+MODEL_SOURCES.add("tiny-qwen2-vl", tiny_vlm_folder)

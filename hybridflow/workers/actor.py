@@ -28,6 +28,7 @@ from hybridflow.config.distillation import DistillationConfig
 from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.engine import TrainEngine
 from hybridflow.engine.forward import response_log_probs
+from hybridflow.engine.multimodal_inputs import engine_batch
 from hybridflow.models import load_model_and_tokenizer, policy_attn_implementation
 from hybridflow.models.hf_metadata import HF_CONFIG_DIR, save_hf_metadata
 from hybridflow.protocol import DataProto
@@ -259,7 +260,7 @@ class ActorWorker(Worker):
 def _tensor_batch(data: DataProto, what: str) -> TensorDict:
     if data.batch is None or len(data) == 0:
         raise ValueError(f"{what} needs a DataProto with a non-empty tensor batch")
-    return data.batch
+    return engine_batch(data)  # the rows' images ride along when there are any
 
 
 def _target_modules(value: str | tuple[str, ...]) -> str | list[str]:

@@ -21,6 +21,7 @@ from hybridflow.config import CriticConfig
 from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.engine import TrainEngine
 from hybridflow.engine.forward import response_values
+from hybridflow.engine.multimodal_inputs import engine_batch
 from hybridflow.models import choose_attn_implementation, load_value_model
 from hybridflow.models.packed_attention import packed_name
 from hybridflow.protocol import DataProto
@@ -214,7 +215,7 @@ def _target_modules(value: str | tuple[str, ...]) -> str | list[str]:
 def _tensor_batch(data: DataProto, what: str) -> TensorDict:
     if data.batch is None or len(data) == 0:
         raise ValueError(f"{what} needs a DataProto with a non-empty tensor batch")
-    return data.batch
+    return engine_batch(data)  # the rows' images ride along when there are any
 
 
 def _check_resolved(config: CriticConfig) -> None:

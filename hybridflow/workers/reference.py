@@ -20,6 +20,7 @@ from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.engine.base import TrainEngine
 from hybridflow.engine.forward import response_log_probs
 from hybridflow.engine.micro_batch_runner import infer_micro_batches
+from hybridflow.engine.multimodal_inputs import engine_batch
 from hybridflow.models import load_model_and_tokenizer, policy_attn_implementation
 from hybridflow.protocol import DataProto
 from hybridflow.utils.precision import resolve_compute_dtype
@@ -104,7 +105,7 @@ class ReferenceWorker(Worker):
         forward = partial(response_log_probs, temperature=log_prob_temperature(self.config.rollout.temperature))
         with self._base_policy():
             if self._sharded_engine is not None:
-                out = self._sharded_engine.infer(data.batch, forward, spec)
+                out = self._sharded_engine.infer(engine_batch(data), forward, spec)
             else:
-                out = infer_micro_batches(self._module, data.batch, forward, spec, self.device, self._autocast)
+                out = infer_micro_batches(self._module, engine_batch(data), forward, spec, self.device, self._autocast)
         return DataProto.from_dict(tensors={FK.REF_LOG_PROB: out["log_probs"]})

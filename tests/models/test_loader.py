@@ -84,7 +84,7 @@ def test_value_model(tiny_model_dir) -> None:
 
 def test_missing_path_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match=r"not an existing folder and not a known model name \(known names: "
-                       r"gemma3-270m, smollm2-135m-instruct, tiny-gemma3, tiny-llama, tiny-qwen2, tiny-qwen3\)"):
+                       r"gemma3-270m, smollm2-135m-instruct, tiny-gemma3, tiny-llama, tiny-qwen2, tiny-qwen2-vl, tiny-qwen3\)"):
         load_model_and_tokenizer(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="has no config.json"):
