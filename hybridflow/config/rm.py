@@ -73,8 +73,10 @@ class RMTrainerConfig(SFTTrainerConfig):
     """``trainer``: the loop, logging, validation and checkpoints."""
 
     experiment_name: str = setting("rm", "run name (logging, checkpoint folder)")
-    nnodes: int = setting(1, "machines (the RM trainer runs in one process: must be 1)", ge=1)
-    n_gpus_per_node: int = setting(1, "processes per machine (the RM trainer runs in one process: must be 1)", ge=1)
+    nnodes: int = setting(1, "machines: nnodes × n_gpus_per_node must be 1, or under torchrun 1 or WORLD_SIZE", ge=1)
+    n_gpus_per_node: int = setting(
+        1, "processes per machine: nnodes × n_gpus_per_node must be 1, or under torchrun 1 or WORLD_SIZE", ge=1
+    )
     test_freq: int = setting(
         -1,
         "val/loss, val/accuracy, val/margin every N steps, and always after the last; ≤ 0 = only after the last",

@@ -13,10 +13,10 @@ from hybridflow.config.build import finalize_config
 from hybridflow.config.loader import load_structured
 from hybridflow.config.rm import RMConfig
 from hybridflow.config.sft_rules import (
+    process_count_problems,
     resolve_seed_and_run_dir,
     rule_optim,
     rule_trainer,
-    single_process_problems,
 )
 
 
@@ -43,8 +43,8 @@ def resolve_rm_config(cfg: RMConfig) -> RMConfig:
 # --- cross-key rules (each takes a resolved config, returns problems) -------------------------
 
 
-def rule_single_process(cfg: RMConfig) -> list[str]:
-    return single_process_problems(cfg.trainer, "the reward-model trainer")
+def rule_processes(cfg: RMConfig) -> list[str]:
+    return process_count_problems(cfg.trainer, cfg.data.train_batch_size, "rm", "the reward-model trainer")
 
 
 def rule_data(cfg: RMConfig) -> list[str]:
@@ -76,7 +76,7 @@ def rule_no_packing(cfg: RMConfig) -> list[str]:
 
 RM_RULES: tuple[Callable[[RMConfig], list[str]], ...] = (
     rule_no_packing,
-    rule_single_process,
+    rule_processes,
     rule_data,
     rule_optim,
     rule_trainer,

@@ -74,7 +74,7 @@ class SFTDataConfig:
 class SFTModelConfig(ModelConfig):
     """``model``: the model to fine-tune (verl's ``model.partial_pretrain`` is read as ``path``)."""
 
-    strategy: str = setting("auto", "training engine in the registry; auto = torch (one process)")
+    strategy: str = setting("auto", "training engine in the registry; auto = torch in one process, fsdp under torchrun")
     use_remove_padding: bool = setting(False, "packed rows are not implemented for SFT: must stay false")
 
 
@@ -104,8 +104,10 @@ class SFTTrainerConfig:
     )
     seed: int = setting(1, "global seed (shuffling, any randomness in the model)")
     device: Literal["auto", "cpu", "cuda"] = setting("auto", "device: auto = cuda if available, else cpu")
-    nnodes: int = setting(1, "machines (SFT runs in one process: must be 1)", ge=1)
-    n_gpus_per_node: int = setting(1, "processes per machine (SFT runs in one process: must be 1)", ge=1)
+    nnodes: int = setting(1, "machines: nnodes × n_gpus_per_node must be 1, or under torchrun 1 or WORLD_SIZE", ge=1)
+    n_gpus_per_node: int = setting(
+        1, "processes per machine: nnodes × n_gpus_per_node must be 1, or under torchrun 1 or WORLD_SIZE", ge=1
+    )
     test_freq: int = setting(
         -1, "validation loss every N steps, and always after the last; ≤ 0 = only after the last", ge=-1
     )

@@ -9,12 +9,20 @@ raising, so a user sees all mistakes at once:
 3. cross-key rules (:data:`SFT_RULES`).
 
 The reward-model trainer's rules (``rm_rules.py``) reuse that sequence (:func:`finalize_config`),
-the seed and run-folder defaults and the single-process rule, so both trainers read them alike.
+the seed and run-folder defaults and the process-count rule, so both trainers read them alike.
+
+Processes: ``torchrun --nproc_per_node=N -m hybridflow.entrypoints.sft ...`` starts N
+data-parallel ranks, and the world size is torchrun's (``WORLD_SIZE``); ``trainer.nnodes ×
+trainer.n_gpus_per_node`` must then be 1 (the default: "take torchrun's count") or equal it, so
+a config written for another size is not run silently on this one. Without torchrun,
+``trainer.n_gpus_per_node=N`` starts N ranks as Ray actors on this machine
+(``hybridflow.trainer.supervised.ray_launch``); several machines need torchrun.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -39,10 +47,32 @@ def finalize_sft_config(cfg: SFTConfig) -> SFTConfig:
 
 
 def resolve_sft_config(cfg: SFTConfig) -> SFTConfig:
-    """Fill ``data.seed`` (= trainer.seed), ``model.strategy`` (auto = torch) and the checkpoint root."""
+    """Fill ``data.seed`` (= trainer.seed), ``model.strategy`` and the checkpoint root.
+
+    ``model.strategy=auto`` is ``torch`` in one plain process and ``fsdp`` with several ranks
+    or under torchrun (even with one rank: a torchrun run's checkpoints are then always sharded
+    and resume into any number of ranks)."""
     cfg = resolve_seed_and_run_dir(cfg)
-    strategy = "torch" if cfg.model.strategy == "auto" else cfg.model.strategy
+    several = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node > 1
+    auto = "fsdp" if several or torchrun_world_size() is not None else "torch"
+    strategy = auto if cfg.model.strategy == "auto" else cfg.model.strategy
     return replace(cfg, model=replace(cfg.model, strategy=strategy))
+
+
+# what torchrun (torch.distributed.run) sets in every process it starts
+TORCHRUN_VARS: tuple[str, ...] = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torchrun_world_size(environ: Mapping[str, str] | None = None) -> int | None:
+    """``WORLD_SIZE`` when this process was started by torchrun (all of :data:`TORCHRUN_VARS`
+    set), None otherwise. A malformed value is an error naming it."""
+    env = os.environ if environ is None else environ
+    if not all(name in env for name in TORCHRUN_VARS):
+        return None
+    try:
+        return int(env["WORLD_SIZE"])
+    except ValueError:
+        raise ValueError(f"WORLD_SIZE={env['WORLD_SIZE']!r} (set by torchrun) is not a whole number") from None
 
 
 def resolve_seed_and_run_dir(cfg: Any) -> Any:
@@ -60,18 +90,49 @@ def resolve_seed_and_run_dir(cfg: Any) -> Any:
 # --- cross-key rules (each takes a resolved config, returns problems) -------------------------
 
 
-def rule_single_process(cfg: SFTConfig) -> list[str]:
-    return single_process_problems(cfg.trainer, "the SFT trainer")
+def rule_processes(cfg: SFTConfig) -> list[str]:
+    problems = process_count_problems(cfg.trainer, cfg.data.train_batch_size, "sft", "the SFT trainer")
+    world = torchrun_world_size()
+    ranks = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node if world is None else world
+    if ranks > 1 and cfg.model.strategy == "torch":
+        problems.append(
+            f"model.strategy=torch trains in one process, but {ranks} were asked for; use model.strategy=auto (or fsdp)"
+        )
+    if world is None and ranks == 1 and cfg.model.strategy == "fsdp":
+        problems.append(
+            "model.strategy=fsdp needs a torch.distributed group: launch with "
+            "`torchrun --nproc_per_node=N -m hybridflow.entrypoints.sft ...` (N = 1 works too)"
+        )
+    return problems
 
 
-def single_process_problems(trainer: SFTTrainerConfig, who: str) -> list[str]:
-    """A problem unless ``trainer`` asks for exactly one process (``who`` names the trainer)."""
-    if trainer.nnodes * trainer.n_gpus_per_node != 1:
-        return [
-            f"trainer.nnodes × trainer.n_gpus_per_node = {trainer.nnodes} × {trainer.n_gpus_per_node}: "
-            f"{who} runs in one process; set both to 1"
-        ]
-    return []
+def process_count_problems(trainer: SFTTrainerConfig, train_batch_size: int, command: str, who: str) -> list[str]:
+    """Problems with the number of processes (see the module docstring): ``trainer.nnodes ×
+    trainer.n_gpus_per_node`` against torchrun's world size (or, without torchrun, what the Ray
+    launcher can start: one machine), and ``train_batch_size`` (rows per optimizer step over all
+    ranks) against it. ``command`` is the entry point's module name, ``who`` names the trainer."""
+    asked = trainer.nnodes * trainer.n_gpus_per_node
+    counts = f"trainer.nnodes × trainer.n_gpus_per_node = {trainer.nnodes} × {trainer.n_gpus_per_node}"
+    world = torchrun_world_size()
+    problems = []
+    if world is None and trainer.nnodes > 1:
+        problems.append(
+            f"{counts}: {who} runs in one process, or in n_gpus_per_node Ray processes on this machine; "
+            f"for several machines start it with torchrun on each: `torchrun --nnodes={trainer.nnodes} "
+            f"--nproc_per_node={trainer.n_gpus_per_node} --rdzv-endpoint=HEAD:29500 -m hybridflow.entrypoints.{command} ...`"
+        )
+    if world is not None and asked not in (1, world):
+        problems.append(
+            f"{counts} = {asked}, but torchrun started {world} processes (WORLD_SIZE={world}); "
+            "set them to match, or leave both at 1 to take torchrun's count"
+        )
+    ranks = asked if world is None else world
+    if train_batch_size % ranks:
+        problems.append(
+            f"data.train_batch_size={train_batch_size} does not split evenly over {ranks} processes: "
+            "each rank trains on train_batch_size / (number of processes) rows of every batch"
+        )
+    return problems
 
 
 def rule_token_budget(cfg: SFTConfig) -> list[str]:
@@ -134,7 +195,7 @@ def rule_no_packing(cfg: SFTConfig) -> list[str]:
 
 SFT_RULES: tuple[Callable[[SFTConfig], list[str]], ...] = (
     rule_no_packing,
-    rule_single_process,
+    rule_processes,
     rule_token_budget,
     rule_data,
     rule_optim,

@@ -10,11 +10,15 @@ folder. Every checkpoint holds ``hf/``, a reward-model folder that
 
     hybridflow data arithmetic-pairs --out ~/data/hybridflow/arithmetic-pairs
     hybridflow rm trainer.total_training_steps=40 trainer.test_freq=10
+
+Data-parallel ranks: ``torchrun --nproc_per_node=N -m hybridflow.entrypoints.rm ...`` (gloo on
+the CPU, NCCL on GPUs; see docs/reward_models.md, "Many processes").
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from typing import Any
 
@@ -24,6 +28,7 @@ from transformers import AutoConfig
 from hybridflow.config import ConfigError
 from hybridflow.config.rm import RMConfig
 from hybridflow.config.rm_rules import load_rm_config
+from hybridflow.config.sft_rules import torchrun_world_size
 from hybridflow.data import StatefulDataLoader
 from hybridflow.data.pair_dataset import PairDataset
 from hybridflow.engine import MicroBatchSpec
@@ -40,6 +45,13 @@ from hybridflow.models import (
 from hybridflow.models.loader import apply_lora, enable_gradient_checkpointing
 from hybridflow.models.reward_model import load_reward_model, reward_model_from_lm
 from hybridflow.trainer.supervised.base import build_tracking, fit_and_report
+from hybridflow.trainer.supervised.ranks import (
+    close_data_parallel,
+    init_data_parallel,
+    naming_the_rank,
+    rank_label,
+)
+from hybridflow.trainer.supervised.ray_launch import launch_ranks_on_ray
 from hybridflow.trainer.supervised.rm_trainer import RMTrainer
 from hybridflow.utils.allocator import keep_freed_memory
 from hybridflow.utils.errors import run_main
@@ -58,12 +70,12 @@ def is_reward_model_folder(path: str, trust_remote_code: bool = False) -> bool:
     return any(a.endswith("ForSequenceClassification") for a in (getattr(config, "architectures", None) or []))
 
 
-def load_rm_module(config: RMConfig) -> tuple[torch.nn.Module, Any]:
+def load_rm_module(config: RMConfig, device: str | None = None) -> tuple[torch.nn.Module, Any]:
     """``(module, tokenizer)``: the reward model to train, parameters in fp32 (``model.dtype``
     sets the compute dtype, see build_engine), with LoRA adapters when ``model.lora_rank > 0``."""
     model_cfg = config.model
     attn = choose_attn_implementation(
-        model_cfg.attn_implementation, resolve_device(config.trainer.device), config.data.max_length
+        model_cfg.attn_implementation, device or resolve_device(config.trainer.device), config.data.max_length
     )
     common: dict[str, Any] = dict(dtype="fp32", trust_remote_code=model_cfg.trust_remote_code, attn_implementation=attn)
     if is_reward_model_folder(model_cfg.path, model_cfg.trust_remote_code):
@@ -117,28 +129,37 @@ def build_rm_loaders(config: RMConfig, tokenizer: Any) -> tuple[StatefulDataLoad
 
 
 def build_rm_trainer(config: RMConfig) -> RMTrainer:
-    """Everything :class:`RMTrainer` needs, built from the config."""
+    """Everything :class:`RMTrainer` needs, built from the config. Under torchrun this process
+    joins the ranks' process group first and the FSDP engine shards the model; rank 0 keeps an
+    unsharded CPU copy for the ``hf/`` export (none with ``trainer.export_hf=false``)."""
+    ranks, device = init_data_parallel(resolve_device(config.trainer.device))
     torch.manual_seed(config.trainer.seed)
     data, trainer_cfg = config.data, config.trainer
     check_data_files({"data.train_files": tuple(data.train_files), "data.val_files": tuple(data.val_files)})
-    module, tokenizer = load_rm_module(config)
+    module, tokenizer = load_rm_module(config, device)
+    sharded = ranks.launched
+    unsharded_copy = copy.deepcopy(module) if sharded and ranks.is_main and trainer_cfg.export_hf else None
     train_loader, val_loader = build_rm_loaders(config, tokenizer)
     total_steps = trainer_cfg.total_training_steps or len(train_loader) * trainer_cfg.total_epochs
     micro_batch = MicroBatchSpec(size=data.micro_batch_size_per_gpu)
     engine = build_engine(
         module,
         config.optim,
-        strategy="torch",
+        strategy="fsdp" if sharded else "torch",
         grad_clip=config.optim.clip_grad,
         micro_batch=micro_batch,
         total_training_steps=total_steps,
-        device=resolve_device(trainer_cfg.device),
+        device=device,
         dtype=config.model.dtype,
-        world_size=1,
+        world_size=ranks.world_size,
         owner="model",
     )
-    tracking = build_tracking(config)
-    return RMTrainer(config, engine, tokenizer, train_loader, val_loader, tracking, total_steps, micro_batch)
+    tracking = build_tracking(config, ranks)
+    trainer = RMTrainer(
+        config, engine, tokenizer, train_loader, val_loader, tracking, total_steps, micro_batch, ranks=ranks
+    )
+    trainer.unsharded_copy = unsharded_copy
+    return trainer
 
 
 def run(trainer: RMTrainer) -> dict[str, float]:
@@ -152,19 +173,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--config", action="append", default=[], help="YAML config file (repeatable)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.max_length=256 model.lora_rank=8")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
     keep_freed_memory()
+    prog = f"{PROG}{rank_label()}"
     try:
         config = load_rm_config(args.config, args.overrides)
     except ConfigError as exc:
-        print(f"{PROG}: invalid config:\n{exc}", file=sys.stderr)
+        print(f"{prog}: invalid config:\n{exc}", file=sys.stderr)
         return 2
+    processes = config.trainer.nnodes * config.trainer.n_gpus_per_node
+    if processes > 1 and torchrun_world_size() is None:  # no torchrun: the ranks as Ray actors, each runs main
+        use_gpu = resolve_device(config.trainer.device) == "cuda"
+        return launch_ranks_on_ray(prog, "hybridflow.entrypoints.rm", argv, processes, use_gpu)
 
     def body() -> int:
         run(build_rm_trainer(config))
+        close_data_parallel()
         return 0
 
-    return run_main(PROG, body)
+    with naming_the_rank(PROG):
+        return run_main(prog, body)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ on the CPU. Every checkpoint holds ``hf/``, a Hugging Face model folder to start
 
     hybridflow sft trainer.experiment_name=sft_arith
     hybridflow train actor_rollout_ref.model.path=checkpoints/hybridflow/sft_arith/global_step_N/hf
+
+Data-parallel ranks: ``torchrun --nproc_per_node=N -m hybridflow.entrypoints.sft ...`` (gloo on
+the CPU, NCCL on GPUs; see docs/sft.md, "Many processes").
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 from hybridflow.agent.parsers import get_tool_parser
 from hybridflow.agent.tool_agent import tool_prompt_messages
 from hybridflow.config import ConfigError, SFTConfig, load_sft_config
+from hybridflow.config.sft_rules import torchrun_world_size
 from hybridflow.data import StatefulDataLoader
 from hybridflow.data.sft_dataset import SFTDataset
 from hybridflow.entrypoints.common import (
@@ -34,6 +38,13 @@ from hybridflow.models import (
     load_model_and_tokenizer,
 )
 from hybridflow.trainer.supervised.base import build_tracking, fit_and_report
+from hybridflow.trainer.supervised.ranks import (
+    close_data_parallel,
+    init_data_parallel,
+    naming_the_rank,
+    rank_label,
+)
+from hybridflow.trainer.supervised.ray_launch import launch_ranks_on_ray
 from hybridflow.trainer.supervised.sft_trainer import SFTTrainer
 from hybridflow.utils.allocator import keep_freed_memory
 from hybridflow.utils.errors import InputError, debug_enabled, one_paragraph
@@ -79,7 +90,9 @@ def build_sft_loaders(config: SFTConfig, tokenizer) -> tuple[StatefulDataLoader,
 
 
 def build_sft_trainer(config: SFTConfig) -> SFTTrainer:
-    """Everything :class:`SFTTrainer` needs, built from the config."""
+    """Everything :class:`SFTTrainer` needs, built from the config. Under torchrun this process
+    joins the ranks' process group first (every rank builds the same model from the same seed)."""
+    ranks, device = init_data_parallel(resolve_device(config.trainer.device))
     torch.manual_seed(config.trainer.seed)
     model_cfg, data = config.model, config.data
     check_data_files({"data.train_files": tuple(data.train_files), "data.val_files": tuple(data.val_files)})
@@ -92,9 +105,7 @@ def build_sft_trainer(config: SFTConfig) -> SFTTrainer:
         lora_alpha=model_cfg.lora_alpha,
         target_modules=list(target_modules) if isinstance(target_modules, tuple) else target_modules,
         trust_remote_code=model_cfg.trust_remote_code,
-        attn_implementation=choose_attn_implementation(
-            model_cfg.attn_implementation, resolve_device(config.trainer.device), data.max_length
-        ),
+        attn_implementation=choose_attn_implementation(model_cfg.attn_implementation, device, data.max_length),
     )
     if model_cfg.custom_chat_template is not None:
         tokenizer.chat_template = model_cfg.custom_chat_template
@@ -108,13 +119,15 @@ def build_sft_trainer(config: SFTConfig) -> SFTTrainer:
         grad_clip=config.optim.clip_grad,
         micro_batch=micro_batch,
         total_training_steps=total_steps,
-        device=resolve_device(config.trainer.device),
+        device=device,
         dtype=model_cfg.dtype,
-        world_size=1,
+        world_size=ranks.world_size,
         owner="model",
     )
-    tracking = build_tracking(config)
-    return SFTTrainer(config, engine, tokenizer, train_loader, val_loader, tracking, total_steps, micro_batch)
+    tracking = build_tracking(config, ranks)
+    return SFTTrainer(
+        config, engine, tokenizer, train_loader, val_loader, tracking, total_steps, micro_batch, ranks=ranks
+    )
 
 
 def run(trainer: SFTTrainer) -> dict[str, float]:
@@ -130,25 +143,33 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--config", action="append", default=[], help="YAML config file (repeatable)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.max_length=512 model.lora_rank=8")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
     keep_freed_memory()
+    prog = f"hybridflow sft{rank_label()}"
     try:
         config = load_sft_config(args.config, args.overrides)
     except ConfigError as exc:
-        print(f"hybridflow sft: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    try:
-        trainer = build_sft_trainer(config)
-    except (ValueError, ModelLoadError, FileNotFoundError) as exc:  # bad data, sizes or model path
-        print(f"hybridflow sft: error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        run(trainer)
-    except InputError as exc:  # a damaged or refused checkpoint file, a model whose logits are NaN, ...
-        if debug_enabled():
-            raise
-        print(f"hybridflow sft: error: {one_paragraph(exc)}", file=sys.stderr)
-        return 2
+    processes = config.trainer.nnodes * config.trainer.n_gpus_per_node
+    if processes > 1 and torchrun_world_size() is None:  # no torchrun: the ranks as Ray actors, each runs main
+        use_gpu = resolve_device(config.trainer.device) == "cuda"
+        return launch_ranks_on_ray(prog, "hybridflow.entrypoints.sft", argv, processes, use_gpu)
+    with naming_the_rank("hybridflow sft"):
+        try:
+            trainer = build_sft_trainer(config)
+        except (ValueError, ModelLoadError, FileNotFoundError) as exc:  # bad data, sizes or model path
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return 2
+        try:
+            run(trainer)
+        except InputError as exc:  # a damaged or refused checkpoint file, a model whose logits are NaN, ...
+            if debug_enabled():
+                raise
+            print(f"{prog}: error: {one_paragraph(exc)}", file=sys.stderr)
+            return 2
+    close_data_parallel()
     return 0
 
 

@@ -65,7 +65,7 @@ def test_verl_sft_keys_are_read(tmp_path, caplog):
         (["data.max_lenght=10"], "data.max_lenght: unknown key; did you mean data.max_length?"),
         (["data.truncation=middle"], "data.truncation: must be one of 'error', 'left', 'right'; got str 'middle'"),
         (["data.max_length=1"], "data.max_length: must be ≥ 2, got 1"),
-        (["trainer.n_gpus_per_node=2"], "the SFT trainer runs in one process"),
+        (["trainer.nnodes=2"], "the SFT trainer runs in one process"),
         (["data.use_dynamic_bsz=true", "data.max_token_len_per_gpu=512"], "data.max_token_len_per_gpu=512 is below data.max_length=1024"),
         (["data.train_files=[]"], "data.train_files must name at least one file"),
         (["optim.betas=[0.9]"], "optim.betas must be two numbers in [0, 1)"),

@@ -24,6 +24,12 @@ controller state restores the data position, so stopping after step k and resumi
 same weights as an uninterrupted run. Metrics rows logged past the checkpoint by the stopped
 run are dropped on resume (``Tracking.rewind``), so every step has exactly one row.
 
+Data-parallel ranks (torchrun, :mod:`hybridflow.trainer.supervised.ranks`): every rank runs this
+loop over the same global batches; the subclass's step trains on the rank's slice. Rank 0
+alone logs, shows the progress bar, prints, and writes the controller state and commits a
+checkpoint; the engine's sharded state is written by all ranks together into rank 0's staging
+folder.
+
 :func:`build_tracking` and :func:`fit_and_report` are the pieces of the two command lines
 (``hybridflow sft``, ``hybridflow rm``) that do not depend on the trainer.
 """
@@ -42,8 +48,13 @@ from hybridflow.config.build import to_dict
 from hybridflow.config.sft import SFTTrainerConfig
 from hybridflow.data import StatefulDataLoader
 from hybridflow.engine import MicroBatchSpec, StepResult, TrainEngine
+from hybridflow.engine.fsdp_checkpoint import is_fsdp_checkpoint
+from hybridflow.engine.torch_engine import TorchEngine
 from hybridflow.tracking import Tracking
 from hybridflow.trainer import checkpoint as ckpt
+from hybridflow.trainer.supervised.one_process_checkpoint import load_one_process_checkpoint
+from hybridflow.trainer.supervised.ranks import ONE_PROCESS, DataParallel
+from hybridflow.utils.distributed import barrier, broadcast_object
 
 HF_FOLDER = "hf"
 
@@ -67,6 +78,7 @@ class SupervisedTrainer:
         tracking: where metrics go.
         total_training_steps: optimizer steps of the whole run (also the lr schedule's length).
         micro_batch: how each batch is split for forward/backward and for validation.
+        ranks: this process's data-parallel rank (torchrun); one process by default.
     """
 
     # the controller state's "kind": a checkpoint of another trainer is refused, not half-loaded;
@@ -94,6 +106,7 @@ class SupervisedTrainer:
         tracking: Tracking,
         total_training_steps: int,
         micro_batch: MicroBatchSpec,
+        ranks: DataParallel = ONE_PROCESS,
     ) -> None:
         if total_training_steps < 1:
             raise ValueError(f"total_training_steps must be ≥ 1, got {total_training_steps}")
@@ -105,6 +118,7 @@ class SupervisedTrainer:
         self.tracking = tracking
         self.total_training_steps = total_training_steps
         self.micro_batch = micro_batch
+        self.ranks = ranks
         run_dir = config.trainer.default_local_dir
         assert run_dir is not None  # filled when the config is loaded (resolve_seed_and_run_dir)
         self.checkpoint_root = Path(run_dir)
@@ -146,13 +160,21 @@ class SupervisedTrainer:
         """Train until ``total_training_steps``; returns the last step's metrics."""
         self.load_checkpoint()
         if self.global_step >= self.total_training_steps:
-            print(f"training already finished: step {self.global_step} of {self.total_training_steps}; nothing to do")
+            self._print(
+                f"training already finished: step {self.global_step} of {self.total_training_steps}; nothing to do"
+            )
             return {}
         trainer_cfg = self.config.trainer
         if self.global_step == 0 and self.val_loader is not None and self.validate_before_train():
             self.tracking.log(self.validate(), step=0)
         last: dict[str, float] = {}
-        progress = tqdm(total=self.total_training_steps, initial=self.global_step, desc=self.kind, unit="step")
+        progress = tqdm(
+            total=self.total_training_steps,
+            initial=self.global_step,
+            desc=self.kind,
+            unit="step",
+            disable=not self.ranks.is_main,
+        )
         batches = self._train_batches()
         try:
             while self.global_step < self.total_training_steps:
@@ -176,41 +198,70 @@ class SupervisedTrainer:
         while True:
             yield from self.train_loader
 
+    def _print(self, message: str) -> None:
+        if self.ranks.is_main:
+            print(message)
+
     def _postfix(self, metrics: dict[str, float]) -> dict[str, str]:
         return {label: f"{metrics[key]:.4g}" for label, key in self.postfix_keys.items() if key in metrics}
 
     # ------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path:
-        """The model part (:meth:`save_model`) and the controller state, committed atomically."""
+        """The model part (:meth:`save_model`) and the controller state, committed atomically.
+        With several ranks: rank 0 stages and commits, every rank takes part in ``save_model``."""
         trainer_cfg = self.config.trainer
-        paths = ckpt.begin_checkpoint(self.checkpoint_root, self.global_step)
+        main = self.ranks.is_main
+        paths = ckpt.begin_checkpoint(self.checkpoint_root, self.global_step) if main else None
+        paths = broadcast_object(paths)
+        assert paths is not None  # rank 0's, on every rank
         self.save_model(paths.staging)
-        state = {
-            "kind": self.kind,
-            "global_steps": self.global_step,
-            "dataloader": self.train_loader.state_dict(),
-            "rng": ckpt.rng_state(),
-        }
-        ckpt.save_controller_state(paths.controller_state, state)
-        ckpt.commit_checkpoint(paths, self.global_step, trainer_cfg.max_ckpt_to_keep)
+        if main:
+            state = {
+                "kind": self.kind,
+                "global_steps": self.global_step,
+                "dataloader": self.train_loader.state_dict(),
+                "rng": ckpt.rng_state(),
+            }
+            ckpt.save_controller_state(paths.controller_state, state)
+            ckpt.commit_checkpoint(paths, self.global_step, trainer_cfg.max_ckpt_to_keep)
+        barrier()  # no rank goes on (or resumes, or exits) before the commit
         return paths.root
 
     def load_checkpoint(self) -> Path | None:
         """Restore the newest complete (or the requested) checkpoint, if any, and rewind the
         trackers to it; returns its folder. A checkpoint of another kind raises CheckpointError."""
         trainer_cfg = self.config.trainer
-        path = ckpt.find_resume_checkpoint(self.checkpoint_root, trainer_cfg.resume_mode, trainer_cfg.resume_from_path)
+        path = None
+        if self.ranks.is_main:  # one choice for all ranks (a damaged newest checkpoint is skipped once)
+            path = ckpt.find_resume_checkpoint(
+                self.checkpoint_root, trainer_cfg.resume_mode, trainer_cfg.resume_from_path
+            )
+        path = broadcast_object(path)
         if path is not None:
             state = ckpt.load_controller_state(path)
             if state.get("kind") != self.kind:
                 raise ckpt.CheckpointError(self.wrong_kind_message.format(path=path, kind=state.get("kind")))
-            self.engine.load_checkpoint(path / self.model_dir)
+            self._load_engine_state(path / self.model_dir, state["global_steps"])
             ckpt.restore_entry(path, state, "dataloader", self.train_loader.load_state_dict)
             ckpt.restore_entry(path, state, "rng", ckpt.set_rng_state)
             self.global_step = state["global_steps"]
-            print(f"resumed from {path} at step {self.global_step}")
+            self._print(f"resumed from {path} at step {self.global_step}")
         self.tracking.rewind(self.global_step + 1 if path is not None else 0)
         return path
+
+    def _load_engine_state(self, folder: Path, step: int) -> None:
+        """The engine's state from ``folder``. A one-process checkpoint (the torch engine's files)
+        also loads into the sharded engine of a torchrun run; a sharded one needs torchrun."""
+        sharded = is_fsdp_checkpoint(folder)
+        if sharded and not self.engine.shards_parameters:
+            raise ckpt.CheckpointError(
+                f"{folder} is a sharded checkpoint written by several ranks; resume it under torchrun "
+                "(`torchrun --nproc_per_node=N -m hybridflow.entrypoints...`, any N, 1 included)"
+            )
+        if not sharded and isinstance(self.engine, TorchEngine) and self.engine.shards_parameters:
+            load_one_process_checkpoint(self.engine, folder, step)
+            return
+        self.engine.load_checkpoint(folder)
 
 
 def _due(freq: int, step: int) -> bool:
@@ -218,12 +269,14 @@ def _due(freq: int, step: int) -> bool:
 
 
 # ---------------------------------------------------------------------------------- command lines
-def build_tracking(config: SupervisedConfig) -> Tracking:
+def build_tracking(config: SupervisedConfig, ranks: DataParallel = ONE_PROCESS) -> Tracking:
     """The run folder (``trainer.default_local_dir``, created) and its trackers: ``trainer.logger``
-    plus jsonl, with the whole config recorded."""
+    plus jsonl, with the whole config recorded. Ranks other than 0 get no tracker at all."""
     trainer_cfg = config.trainer
     assert trainer_cfg.default_local_dir is not None  # filled when the config is loaded (resolve_seed_and_run_dir)
     run_dir = Path(trainer_cfg.default_local_dir)
+    if not ranks.is_main:
+        return Tracking([], run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     loggers = list(dict.fromkeys([*trainer_cfg.logger, "jsonl"]))  # metrics.jsonl: curves and comparisons
     return Tracking(loggers, run_dir, trainer_cfg.project_name, trainer_cfg.experiment_name, config=to_dict(config))
@@ -236,6 +289,8 @@ def fit_and_report(trainer: SupervisedTrainer, describe_export: Callable[[Path],
         metrics = trainer.fit()
     finally:
         trainer.tracking.finish()
+    if not trainer.ranks.is_main:
+        return metrics
     print(f"run folder: {trainer.checkpoint_root} (metrics.jsonl, checkpoints)")
     hf = trainer.checkpoint_root / f"global_step_{trainer.global_step}" / HF_FOLDER
     if hf.is_dir():

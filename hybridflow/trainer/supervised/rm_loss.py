@@ -16,9 +16,12 @@ as one batch of 2b sequences cut to the longest real row.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
+from torch.distributed.fsdp import FSDPModule
 
 from hybridflow.data.pair_dataset import (
     CHOSEN_ATTENTION_MASK,
@@ -49,7 +52,8 @@ def pair_rewards(module: torch.nn.Module, micro: TensorDict) -> dict[str, torch.
     mask = torch.cat([micro[CHOSEN_ATTENTION_MASK], micro[REJECTED_ATTENTION_MASK]])
     used = mask.bool().any(dim=0).nonzero().flatten()
     width = int(used[-1]) + 1 if used.numel() else 1
-    rewards = last_token_scores(module, ids[:, :width], mask[:, :width])
+    score = sharded_last_token_scores if isinstance(module, FSDPModule) else last_token_scores
+    rewards = score(module, ids[:, :width], mask[:, :width])
     bad = ~torch.isfinite(rewards)
     if bool(bad.any()):  # the head's logit is the reward: a NaN there is a broken model, not a pair to learn
         raise NonFiniteLogitsError(nonfinite_message(int(bad.sum()), bad.numel(), NOT_TRAINABLE))
@@ -57,16 +61,48 @@ def pair_rewards(module: torch.nn.Module, micro: TensorDict) -> dict[str, torch.
     return {CHOSEN_REWARDS: chosen, REJECTED_REWARDS: rejected}
 
 
-def rm_loss(
-    outputs: dict[str, torch.Tensor], micro: TensorDict, *, batch_num_pairs: int
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """This micro-batch's share of the mini-batch mean loss; ``batch_num_pairs`` = N above.
+def sharded_last_token_scores(
+    module: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """``last_token_scores`` for a model sharded by FSDP2, whose root weights (embeddings, final
+    norm, head) are gathered only by the root module's own forward: the model is called whole.
 
-    Metrics are the micro-batch's shares too (they add up to the mini-batch's mean):
-    ``loss``, ``accuracy`` (pairs with r_c > r_r) and ``margin`` (r_c − r_r).
+    Its sequence-classification forward reads the head at the last token that is not
+    ``config.pad_token_id``; for that call the padding gets a token id no real token of the batch
+    uses (and the config names it), so that token is each row's last attended one.
+    """
+    config: Any = module.config  # a transformers PretrainedConfig (peft forwards the attribute)
+    real = attention_mask.bool()
+    used = torch.zeros(int(config.vocab_size), dtype=torch.bool)
+    used[input_ids[real].cpu()] = True
+    preferred = config.pad_token_id
+    pad = int(preferred) if preferred is not None and not bool(used[preferred]) else int((~used).nonzero()[0])
+    saved, config.pad_token_id = config.pad_token_id, pad
+    try:
+        out = module(
+            input_ids=torch.where(real, input_ids, pad),
+            attention_mask=attention_mask,
+            position_ids=torch.clamp(attention_mask.long().cumsum(-1) - 1, min=0),
+            use_cache=False,
+        )
+    finally:
+        config.pad_token_id = saved
+    return out.logits.float().squeeze(-1)
+
+
+def rm_loss(
+    outputs: dict[str, torch.Tensor], micro: TensorDict, *, batch_num_pairs: int, dp_size: int = 1
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """This micro-batch's share of the mini-batch mean loss; ``batch_num_pairs`` = N above,
+    counted over all ``dp_size`` data-parallel ranks. The loss is × ``dp_size``: the ranks'
+    gradients are averaged (FSDP), which takes that factor out again.
+
+    Metrics are the micro-batch's shares of the mini-batch's mean, without that factor (summed
+    over micro-batches and ranks they give the mean): ``loss``, ``accuracy`` (pairs with
+    r_c > r_r) and ``margin`` (r_c − r_r).
     """
     chosen, rejected = outputs[CHOSEN_REWARDS], outputs[REJECTED_REWARDS]
-    loss = bradley_terry_loss(chosen, rejected).sum() / batch_num_pairs
+    loss = bradley_terry_loss(chosen, rejected).sum() / batch_num_pairs * dp_size
     sums = pair_sums(chosen, rejected)
     return loss, {name: value / batch_num_pairs for name, value in sums.items()}
 

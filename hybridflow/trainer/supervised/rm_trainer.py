@@ -23,6 +23,11 @@ Checkpoint layout (checkpoints every ``trainer.save_freq`` steps and after the l
     global_step_N/controller_state.json data position, step, RNG (JSON)
 
 Resume is exact (see the shared loop); a checkpoint of another kind (SFT, PPO) is refused.
+
+Under torchrun each rank trains on its slice of every batch of pairs (``ranks.rank_rows``) with
+the pair count N summed over ranks, and validation batches are split over the ranks too; the
+metrics are sums over ranks, logged by rank 0. The ``hf/`` export needs the whole model: the
+shards are gathered into ``unsharded_copy``, a CPU copy rank 0 keeps for that purpose.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from hybridflow import fields as FK
 from hybridflow.config.rm import RMConfig
@@ -43,6 +49,7 @@ from hybridflow.export.reader import merged_model
 from hybridflow.export.writer import save_model, write_export
 from hybridflow.models.hf_metadata import split_peft
 from hybridflow.trainer.supervised.base import HF_FOLDER, SupervisedTrainer
+from hybridflow.trainer.supervised.ranks import global_sum, padded_rank_rows, rank_rows
 from hybridflow.trainer.supervised.rm_loss import (
     CHOSEN_REWARDS,
     REJECTED_REWARDS,
@@ -91,6 +98,9 @@ class RMTrainer(SupervisedTrainer):
     )
     postfix_keys = {"loss": "train/loss", "acc": "train/accuracy", "val_acc": "val/accuracy", "lr": "train/lr"}
     batch_to_tensordict = staticmethod(to_tensordict)
+    # with a sharded engine: rank 0's unsharded CPU copy of the module, which the hf/ export
+    # loads the gathered weights into (set by the entry point; None on the other ranks)
+    unsharded_copy: torch.nn.Module | None = None
 
     def validate_before_train(self) -> bool:
         """``trainer.val_before_train``: a baseline row (the fresh head's accuracy) at step 0."""
@@ -99,14 +109,17 @@ class RMTrainer(SupervisedTrainer):
     def train_step(self, batch: TensorDict) -> dict[str, float]:
         """One optimizer step on a batch of pairs; returns its metrics."""
         start = time.perf_counter()
-        loss_fn = partial(rm_loss, batch_num_pairs=int(batch.batch_size[0]))
-        micro_metrics = self.engine.forward_backward(batch, pair_rewards, loss_fn, self.micro_batch)
+        local = rank_rows(batch, self.ranks)
+        local_tokens = float(local[CHOSEN_ATTENTION_MASK].sum() + local[REJECTED_ATTENTION_MASK].sum())
+        pairs, tokens = global_sum([float(local.batch_size[0]), local_tokens])
+        loss_fn = partial(rm_loss, batch_num_pairs=int(pairs), dp_size=self.ranks.world_size)
+        micro_metrics = self.engine.forward_backward(local, pair_rewards, loss_fn, self.micro_batch)
         result = self.engine.optimizer_step()
         self.engine.lr_scheduler_step()
         elapsed = time.perf_counter() - start
-        tokens = int(batch[CHOSEN_ATTENTION_MASK].sum() + batch[REJECTED_ATTENTION_MASK].sum())
-        shares = {f"train/{name}": float(sum(float(m[name]) for m in micro_metrics)) for name in PAIR_METRICS}
-        return shares | self.step_metrics(result, elapsed, tokens)
+        sums = global_sum([sum(float(m[name]) for m in micro_metrics) for name in PAIR_METRICS])
+        shares = {f"train/{name}": value for name, value in zip(PAIR_METRICS, sums, strict=True)}
+        return shares | self.step_metrics(result, elapsed, int(tokens))
 
     def validate(self) -> dict[str, float]:
         """``val/loss``, ``val/accuracy``, ``val/margin``: means over every validation pair."""
@@ -115,15 +128,29 @@ class RMTrainer(SupervisedTrainer):
         totals = dict.fromkeys(PAIR_METRICS, 0.0)
         pairs = 0
         for batch_dict in self.val_loader:
-            batch = to_tensordict(batch_dict)
+            batch, real = padded_rank_rows(to_tensordict(batch_dict), self.ranks)
             outputs = self.engine.infer(batch, pair_rewards, self.micro_batch)
-            for name, value in pair_sums(outputs[CHOSEN_REWARDS], outputs[REJECTED_REWARDS]).items():
+            chosen, rejected = outputs[CHOSEN_REWARDS][:real], outputs[REJECTED_REWARDS][:real]
+            for name, value in pair_sums(chosen, rejected).items():
                 totals[name] += float(value)
-            pairs += int(batch.batch_size[0])
-        return {f"val/{name}": total / max(pairs, 1) for name, total in totals.items()}
+            pairs += real
+        *sums, count = global_sum([*totals.values(), float(pairs)])
+        return {f"val/{name}": total / max(count, 1.0) for name, total in zip(totals, sums, strict=True)}
 
     def save_model(self, staging: Path) -> None:
-        """``reward_model/`` (engine state) and, with ``trainer.export_hf``, ``hf/`` (:func:`export_reward_model`)."""
+        """``reward_model/`` (engine state) and, with ``trainer.export_hf``, ``hf/`` (:func:`export_reward_model`).
+        The engine state is written by every rank (collective), ``hf/`` by rank 0."""
         self.engine.save_checkpoint(staging / MODEL_DIR)
-        if self.config.trainer.export_hf:
-            export_reward_model(self.engine.module, self.tokenizer, staging / HF_FOLDER)
+        if not self.config.trainer.export_hf:
+            return
+        module = self.engine.module
+        if self.engine.shards_parameters:
+            # every rank takes part in the gather; only rank 0 receives the full tensors
+            full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if not self.ranks.is_main:
+                return
+            if self.unsharded_copy is None:
+                raise RuntimeError("a sharded reward model needs RMTrainer.unsharded_copy on rank 0 to export hf/")
+            self.unsharded_copy.load_state_dict(full)
+            module = self.unsharded_copy
+        export_reward_model(module, self.tokenizer, staging / HF_FOLDER)

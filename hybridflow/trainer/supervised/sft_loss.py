@@ -69,12 +69,14 @@ def check_finite_positions(logits: torch.Tensor, log_probs: torch.Tensor, real: 
 
 
 def sft_loss(
-    outputs: dict[str, torch.Tensor], micro: TensorDict, *, batch_num_tokens: int
+    outputs: dict[str, torch.Tensor], micro: TensorDict, *, batch_num_tokens: int, dp_size: int = 1
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """This micro-batch's share of the mini-batch token-mean NLL; ``batch_num_tokens`` = N above."""
+    """This micro-batch's share of the mini-batch token-mean NLL; ``batch_num_tokens`` = N above,
+    counted over all ``dp_size`` data-parallel ranks. The share is × ``dp_size``: the ranks'
+    gradients are averaged (FSDP), which takes that factor out again."""
     log_probs = outputs[LOG_PROBS]
     mask = micro[LOSS_MASK].to(log_probs.dtype)
-    loss = agg_loss(-log_probs, mask, "token-mean", batch_num_tokens=batch_num_tokens)
+    loss = agg_loss(-log_probs, mask, "token-mean", dp_size=dp_size, batch_num_tokens=batch_num_tokens)
     return loss, {"loss": loss.detach()}
 
 

@@ -19,6 +19,10 @@ Checkpoints use the PPO actor's layout, so the model merger reads them too::
     global_step_N/controller_state.json   data position, step, RNG (JSON)
 
 Resume is exact (see the shared loop); a checkpoint of another kind (PPO, reward model) is refused.
+
+Under torchrun each rank trains on its slice of every batch (``ranks.rank_rows``) with the
+target-token count N summed over ranks, and each validation batch is split over the ranks
+too; the metrics are sums over ranks, the same on every rank, logged by rank 0.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from hybridflow.export.reader import TOKENIZER_DIR
 from hybridflow.export.writer import merge_checkpoint
 from hybridflow.models.hf_metadata import HF_CONFIG_DIR, save_hf_metadata
 from hybridflow.trainer.supervised.base import HF_FOLDER, SupervisedTrainer
+from hybridflow.trainer.supervised.ranks import global_sum, padded_rank_rows, rank_rows
 from hybridflow.trainer.supervised.sft_loss import (
     LOG_PROBS,
     masked_nll_sum,
@@ -70,17 +75,21 @@ class SFTTrainer(SupervisedTrainer):
     def train_step(self, batch: TensorDict) -> dict[str, float]:
         """One optimizer step on ``batch``; returns its metrics."""
         start = time.perf_counter()
-        num_loss_tokens = int(batch[LOSS_MASK].sum())
+        world = self.ranks.world_size
+        local = rank_rows(batch, self.ranks)
+        loss_tokens, tokens = global_sum([float(local[LOSS_MASK].sum()), float(local[FK.ATTENTION_MASK].sum())])
+        num_loss_tokens, total_tokens = int(loss_tokens), int(tokens)
         if num_loss_tokens == 0:
             raise ValueError(f"step {self.global_step}: the batch has no target token (every loss_mask is 0)")
-        loss_fn = partial(sft_loss, batch_num_tokens=num_loss_tokens)
-        micro_metrics = self.engine.forward_backward(batch, token_log_probs, loss_fn, self.micro_batch)
+        loss_fn = partial(sft_loss, batch_num_tokens=num_loss_tokens, dp_size=world)
+        micro_metrics = self.engine.forward_backward(local, token_log_probs, loss_fn, self.micro_batch)
         result = self.engine.optimizer_step()
         self.engine.lr_scheduler_step()
         elapsed = time.perf_counter() - start
-        total_tokens = int(batch[FK.ATTENTION_MASK].sum())
+        # each rank's shares carry × world (the gradient average takes it out again)
+        (loss_sum,) = global_sum([sum(float(m["loss"]) for m in micro_metrics)])
         return {
-            "train/loss": float(sum(float(m["loss"]) for m in micro_metrics)),
+            "train/loss": loss_sum / world,
             "train/num_loss_tokens": float(num_loss_tokens),
             **self.step_metrics(result, elapsed, total_tokens),
         }
@@ -91,17 +100,21 @@ class SFTTrainer(SupervisedTrainer):
             return {}
         nll, tokens = 0.0, 0
         for batch_dict in self.val_loader:
-            batch = to_tensordict(batch_dict)
+            batch, real = padded_rank_rows(to_tensordict(batch_dict), self.ranks)
             outputs = self.engine.infer(batch, token_log_probs, self.micro_batch)
-            batch_nll, batch_tokens = masked_nll_sum(outputs[LOG_PROBS], batch[LOSS_MASK])
+            batch_nll, batch_tokens = masked_nll_sum(outputs[LOG_PROBS][:real], batch[LOSS_MASK][:real])
             nll, tokens = nll + batch_nll, tokens + batch_tokens
-        return {"val/loss": nll / max(tokens, 1)}
+        nll, total = global_sum([nll, float(tokens)])
+        return {"val/loss": nll / max(total, 1.0)}
 
     def save_model(self, staging: Path) -> None:
         """``actor/`` (engine state, tokenizer, HF config) and, with ``trainer.export_hf``, ``hf/``
-        (the model merger's export of ``actor/``)."""
+        (the model merger's export of ``actor/``). The engine state is written by every rank
+        (collective), the rest by rank 0 from the finished shards."""
         actor = staging / MODEL_DIR
         self.engine.save_checkpoint(actor)
+        if not self.ranks.is_main:
+            return
         save_hf_metadata(self.engine.module, actor / HF_CONFIG_DIR)
         self.tokenizer.save_pretrained(actor / TOKENIZER_DIR)
         if self.config.trainer.export_hf:
