@@ -1,9 +1,12 @@
-"""SFT training speed (tokens/s) on this machine's cores: one process vs data-parallel ranks.
+"""SFT training speed (tokens/s) on this machine's cores: one process vs data-parallel ranks,
+padded vs packed rows.
 
 Usage:
     python benchmarks/sft_scaling.py                                  # smollm2-135m-instruct
     python benchmarks/sft_scaling.py --model tiny-llama --steps 3     # smoke mode, seconds
     python benchmarks/sft_scaling.py --out sft_scaling.json
+    python benchmarks/sft_scaling.py --layouts padded                 # no packed variants
+    python benchmarks/sft_scaling.py --launches dp1-plain,dp2-torchrun
 
 The same job — the built-in ``arithmetic-sft`` task written here into a temp folder, the same
 global batch, micro-batch size, number of steps, fp32 — runs as:
@@ -15,16 +18,16 @@ global batch, micro-batch size, number of steps, fp32 — runs as:
 * ``dp2-torchrun``: ``torchrun --nproc_per_node=2``, one thread per rank
   (``OMP_NUM_THREADS=1``): the same cores split into two data-parallel ranks.
 
+and each of them again with packed rows (``model.use_remove_padding=true``: every
+micro-batch's examples back to back in one row, attention per example, no padding computed) —
+``--layouts`` picks padded, packed or both, ``--launches`` which of the three.
+
 Each variant is its own subprocess. Only optimizer steps are timed: the trainer's own
 ``timing_s/step`` (rank 0's wall time of forward, backward, all-reduces and the optimizer
 step) and ``perf/total_num_tokens`` (real tokens, summed over ranks) from the run's
 ``metrics.jsonl``; the first ``--warmup`` steps are left out. Start-up, data loading and the
-final checkpoint are not counted (the wall time column shows them).
-
-Packed rows (``model.use_remove_padding``): the benchmark asks the SFT config whether it
-accepts them; while it refuses them (packing is implemented for the RL trainer only), only
-padded micro-batches are measured — each cut to its longest row by the engine — and the report
-says so.
+final checkpoint are not counted (the wall time column shows them). The load average when each
+variant starts is recorded too: on a shared machine other jobs' load changes the rates.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -55,15 +57,8 @@ from common import (  # noqa: E402
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 SFT_MODULE = "hybridflow.entrypoints.sft"
-_PACKING_PROBE = """
-import json, sys
-from hybridflow.config import ConfigError, load_sft_config
-try:
-    load_sft_config(None, sys.argv[1:])
-    print(json.dumps({"available": True, "reason": ""}))
-except ConfigError as err:
-    print(json.dumps({"available": False, "reason": str(err)}))
-"""
+LAYOUTS = ("padded", "packed")
+LAUNCHES = ("dp1-plain", "dp1-torchrun", "dp2-torchrun")
 
 
 @dataclass(frozen=True)
@@ -94,7 +89,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--work", type=Path, default=None, help="folder for data, runs and logs (default: a temp one)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds allowed per variant")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument(
+        "--layouts", default=",".join(LAYOUTS), help="micro-batch layouts to measure: padded, packed or both"
+    )
+    parser.add_argument(
+        "--launches", default=",".join(LAUNCHES), help=f"launches to measure: a subset of {', '.join(LAUNCHES)}"
+    )
     args = parser.parse_args(argv)
+    for name, allowed in (("layouts", LAYOUTS), ("launches", LAUNCHES)):
+        chosen = tuple(dict.fromkeys(item.strip() for item in getattr(args, name).split(",") if item.strip()))
+        if not chosen or not set(chosen) <= set(allowed):
+            parser.error(f"--{name} takes a comma-separated subset of {', '.join(allowed)}, got {chosen}")
+        setattr(args, name, chosen)
     if args.steps < 1 or args.warmup < 0:
         parser.error(f"--steps must be ≥ 1 and --warmup ≥ 0, got {args.steps} and {args.warmup}")
     if args.batch % 2 or (args.batch // 2) % args.micro_batch:
@@ -120,19 +126,6 @@ def sft_overrides(args: argparse.Namespace, data: Path, run_dir: Path) -> list[s
         f"trainer.default_local_dir={run_dir}",
         "trainer.logger=[jsonl]",
     ]
-
-
-def packing_probe(overrides: list[str], env: dict[str, str]) -> dict[str, Any]:
-    """Whether the SFT config accepts ``model.use_remove_padding=true`` (asked in a child process)."""
-    out = subprocess.run(
-        [sys.executable, "-c", _PACKING_PROBE, *overrides, "model.use_remove_padding=true"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO_ROOT,
-        env=env,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def variant_command(variant: Variant, overrides: list[str]) -> list[str]:
@@ -166,6 +159,7 @@ def run_variant(variant: Variant, args: argparse.Namespace, data: Path, work: Pa
     env = {k: v for k, v in child_env(variant.threads).items() if k not in TORCHRUN_VARS}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     cmd = variant_command(variant, sft_overrides(args, data, run_dir))
+    load = os.getloadavg()[0]
     wall = run_logged(cmd, work / f"{variant.label}.log", env)
     steps = timed_steps(run_dir, args.warmup)
     if len(steps) != args.steps:
@@ -181,6 +175,7 @@ def run_variant(variant: Variant, args: argparse.Namespace, data: Path, work: Pa
         "median_step_s": statistics.median(seconds),
         "tokens_per_s": tokens / sum(seconds),
         "wall_s": wall,
+        "load_at_start": load,
         "step_seconds": seconds,
         "losses": [r["train/loss"] for r in steps],
     }
@@ -193,35 +188,45 @@ def max_relative(actual: list[float], expected: list[float]) -> float:
 
 
 def format_table(results: list[dict[str, Any]]) -> list[str]:
-    """The Markdown table: one row per variant, speed relative to the first (DP=1, one plain process)."""
+    """The Markdown table: one row per variant, speed relative to the first (DP=1, one plain
+    process) and, for a packed variant, to the same launch padded."""
     base, losses = results[0]["tokens_per_s"], results[0]["losses"]
+    padded = {r["name"]: r["tokens_per_s"] for r in results if not r["packed"]}
     lines = [
         "| variant | launcher | ranks × threads | rows | timed steps | median step (s) | tokens/s | "
-        "vs dp1-plain | loss vs dp1-plain | wall (s) |",
-        "|---|---|---|---|---|---:|---:|---:|---:|---:|",
+        f"vs {results[0]['label']} | packed vs padded | loss vs {results[0]['label']} | load at start | wall (s) |",
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         launcher = "torchrun" if r["torchrun"] else "plain"
+        vs_padded = f"{r['tokens_per_s'] / padded[r['name']]:.2f}×" if r["packed"] and r["name"] in padded else "—"
         lines.append(
             f"| {r['label']} | {launcher} | {r['ranks']} × {r['threads']} | {'packed' if r['packed'] else 'padded'} | "
             f"{r['timed_steps']} | {r['median_step_s']:.2f} | {r['tokens_per_s']:.1f} | "
-            f"{r['tokens_per_s'] / base:.2f}× | {max_relative(r['losses'], losses):.1e} | {r['wall_s']:.0f} |"
+            f"{r['tokens_per_s'] / base:.2f}× | {vs_padded} | {max_relative(r['losses'], losses):.1e} | "
+            f"{r['load_at_start']:.1f} | {r['wall_s']:.0f} |"
         )
     return lines
 
 
-def variants(threads: int, packed: bool) -> list[Variant]:
-    """The three launches, padded; the same again packed when the trainer accepts packing."""
-    padded = [
+def variants(threads: int, layouts: tuple[str, ...], names: tuple[str, ...] = LAUNCHES) -> list[Variant]:
+    """The launches ``names`` in each of ``layouts`` (padded first, launches in LAUNCHES order)."""
+    every = [
         Variant("dp1-plain", False, 1, threads),
         Variant("dp1-torchrun", True, 1, threads),
         Variant("dp2-torchrun", True, 2, 1),
     ]
-    return padded + ([Variant(v.name, v.torchrun, v.ranks, v.threads, True) for v in padded] if packed else [])
+    launches = [v for v in every if v.name in names]
+    return [
+        Variant(v.name, v.torchrun, v.ranks, v.threads, layout == "packed")
+        for layout in LAYOUTS
+        if layout in layouts
+        for v in launches
+    ]
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """Write the data, probe packing, run every variant; the report as a dict (also printed)."""
+    """Write the data, run every variant; the report as a dict (also printed)."""
     env = child_env(args.threads)
     data = work / "data"
     train_size = args.batch * (args.warmup + args.steps)
@@ -245,8 +250,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         env,
     )
     machine, hardware = machine_facts(), hardware_facts("fp32", args.max_length, args.threads)
-    packing = packing_probe(sft_overrides(args, data, work / "probe"), env)
-    results = [run_variant(v, args, data, work) for v in variants(args.threads, packing["available"])]
+    results = [run_variant(v, args, data, work) for v in variants(args.threads, args.layouts, args.launches)]
     header = describe_machine(machine, hardware, args.threads)
     lines = [
         f"## SFT speed, {args.model}, fp32, {cpu_kind(machine, hardware)}",
@@ -259,15 +263,12 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         *format_table(results),
         "",
     ]
-    if not packing["available"]:
-        lines.append(f"packed: not measured — the SFT trainer refuses packed rows ({packing['reason']})")
     print("\n".join(lines), flush=True)
     return {
         "model": args.model,
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "machine": machine,
         "hardware": hardware,
-        "packing": packing,
         "results": results,
     }
 

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("hybridflow.entrypoints.data", "write a built-in task's train/test files"),
     "config": ("hybridflow.entrypoints.config", "print the fully resolved config for a set of overrides"),
     "plot": ("hybridflow.entrypoints.plot", "draw a run directory's curves into a PNG"),
+    "view": ("hybridflow.entrypoints.view", "local web page of runs: curves, rollouts, timings (live; --export)"),
     "eval": (
         "hybridflow.entrypoints.eval",
         "score a file of generated responses: mean@N, best@N, maj@N per data source",

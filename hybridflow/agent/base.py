@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from hybridflow import fields as F
 from hybridflow.inference.protocol import SamplingParams, TokenClient
 from hybridflow.tools.base import BaseTool
 from hybridflow.utils.errors import InputError
@@ -136,6 +137,24 @@ def row_messages(row: Mapping[str, Any], loop_name: str) -> list[dict[str, Any]]
     if not items or not all(isinstance(m, Mapping) for m in items):
         raise ValueError(f"{loop_name}: raw_prompt must be a non-empty list of chat messages (role, content)")
     return [dict(m) for m in items]
+
+
+def has_images(row: Mapping[str, Any]) -> bool:
+    """Whether a row carries image inputs (a non-empty ``multi_modal_inputs``)."""
+    return bool(row.get(F.MULTI_MODAL_INPUTS))
+
+
+def refuse_images(row: Mapping[str, Any], loop_name: str) -> None:
+    """A clear error for an image row reaching a loop: the agent loops talk to token clients,
+    which take token ids only, so the row's images would be dropped and its image tokens fed
+    without pixels. (The built-in rollout serves image rows of ``single_turn_agent`` with its
+    image-taking sampler before they reach the loop; see ``workers/rollout/agent_loop.py``.)"""
+    if has_images(row):
+        raise ValueError(
+            f"{loop_name} cannot take rows with images yet: its client generates from token ids only, "
+            "without the pixels; image rows are supported by the built-in rollout's single_turn_agent "
+            "(rollout.name=torch), not by tool_agent, user agent loops, partial rollout or server engines"
+        )
 
 
 AGENT_LOOPS: Registry[type[AgentLoopBase]] = Registry("agent loop")

@@ -3,7 +3,8 @@
 The prompt ids are the dataset's own (``raw_prompt_ids``, what the plain rollout feeds the
 sampler) when the row has them, else ``raw_prompt`` rendered with the chat template the same
 way the dataset renders it. So under greedy sampling the trajectory is token for token what
-the plain rollout produces.
+the plain rollout produces. Rows with images never reach it on the built-in rollout (which
+serves them with its image-taking sampler); given one through a token client, it refuses it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from hybridflow.agent.base import AGENT_LOOPS, AgentLoopBase, AgentLoopOutput, row_messages
+from hybridflow.agent.base import AGENT_LOOPS, AgentLoopBase, AgentLoopOutput, refuse_images, row_messages
 from hybridflow.agent.tokens import render_ids
 from hybridflow.data.rl_dataset import RAW_PROMPT_IDS
 from hybridflow.inference.protocol import SamplingParams
@@ -22,6 +23,7 @@ class SingleTurnAgentLoop(AgentLoopBase):
     """See the module docstring."""
 
     async def run(self, sampling: SamplingParams, **row: Any) -> AgentLoopOutput:
+        refuse_images(row, "single_turn_agent")
         prompt_ids = self._prompt_ids(row)
         started = time.perf_counter()
         out = await self.client.generate(self.request_id, prompt_ids, sampling, self.response_length)

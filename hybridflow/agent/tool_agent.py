@@ -24,7 +24,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hybridflow.agent.base import AGENT_LOOPS, AgentContext, AgentLoopBase, AgentLoopOutput, row_messages
+from hybridflow.agent.base import (
+    AGENT_LOOPS,
+    AgentContext,
+    AgentLoopBase,
+    AgentLoopOutput,
+    refuse_images,
+    row_messages,
+)
 from hybridflow.agent.parsers import ParsedTurn, get_tool_parser
 from hybridflow.agent.tokens import IncrementalRenderer, template_facts
 from hybridflow.inference.protocol import SamplingParams
@@ -97,6 +104,7 @@ class ToolAgentLoop(AgentLoopBase):
         self.tool_schemas = [tool.schema for tool in self.tools.values()]
 
     async def run(self, sampling: SamplingParams, **row: Any) -> AgentLoopOutput:
+        refuse_images(row, "tool_agent")
         messages = row_messages(row, "tool_agent")
         renderer = IncrementalRenderer(self.tokenizer, self.tool_schemas or None, self.context.chat_template_kwargs)
         messages = tool_prompt_messages(

@@ -291,6 +291,13 @@ class TrainerConfig:
     )
     log_val_generations: int = setting(0, "validation generations written to the log each validation", ge=0)
     rollout_data_dir: str | None = setting(None, "write each step's prompts, responses and scores as JSONL here")
+    rollout_token_rows: int = setting(
+        0,
+        "rows per step of the rollout dump that also carry per-token values (tokens, advantages, log-probs, "
+        "IS weights) for hybridflow view; needs rollout_data_dir",
+        ge=0,
+        le=256,
+    )
     validation_data_dir: str | None = setting(None, "write validation generations as JSONL here")
     nnodes: int = setting(1, "machines", ge=1)
     n_gpus_per_node: int = setting(1, "worker processes per machine (GPUs, or CPU processes)", ge=1)

@@ -397,6 +397,11 @@ def rule_trainer(cfg: PPOConfig) -> list[str]:
         problems.append("trainer.resume_from_path must be set when trainer.resume_mode=resume_path")
     if trainer.backend == "local" and trainer.nnodes > 1:
         problems.append(f"trainer.nnodes={trainer.nnodes} needs trainer.backend=ray (local runs on one machine)")
+    if trainer.rollout_token_rows and not trainer.rollout_data_dir:
+        problems.append(
+            f"trainer.rollout_token_rows={trainer.rollout_token_rows} needs trainer.rollout_data_dir "
+            "(the per-token values go into its dump)"
+        )
     return problems
 
 

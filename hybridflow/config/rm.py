@@ -57,7 +57,9 @@ class RMModelConfig(ModelConfig):
         "a causal LM folder, known name or Hub id `org/name[@revision]` (its decoder gets a new 1-output head, seeded by trainer.seed), or a "
         "reward-model folder (a *ForSequenceClassification, e.g. an earlier global_step_N/hf) to train further",
     )
-    use_remove_padding: bool = setting(False, "packed rows are not implemented for reward models: must stay false")
+    use_remove_padding: bool = setting(
+        False, "packed rows are not implemented for reward-model training (they are for SFT): must stay false"
+    )
 
 
 @dataclass(frozen=True)

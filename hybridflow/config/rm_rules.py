@@ -69,7 +69,8 @@ def rule_no_packing(cfg: RMConfig) -> list[str]:
     if cfg.model.use_remove_padding:
         return [
             "model.use_remove_padding=true: packed rows are implemented for the RL trainer's actor, reference "
-            "and critic passes, not for reward models; set it to false"
+            "and critic passes and for `hybridflow sft`, not for reward models (a pair's score is read at each "
+            "row's last token of the padded layout); set it to false"
         ]
     return []
 

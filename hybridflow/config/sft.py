@@ -61,7 +61,10 @@ class SFTDataConfig:
     )
     use_dynamic_bsz: bool = setting(False, "form micro-batches by token budget instead of by count")
     max_token_len_per_gpu: int = setting(
-        4096, "token budget of one micro-batch when use_dynamic_bsz (must be ≥ max_length)", ge=1
+        4096,
+        "token budget of one micro-batch per rank when use_dynamic_bsz: rows × longest row, or the real tokens "
+        "with model.use_remove_padding (must be ≥ max_length)",
+        ge=1,
     )
     shuffle: bool = setting(True, "shuffle the training set each epoch")
     seed: int | None = setting(None, "shuffling seed; null = trainer.seed")
@@ -75,7 +78,11 @@ class SFTModelConfig(ModelConfig):
     """``model``: the model to fine-tune (verl's ``model.partial_pretrain`` is read as ``path``)."""
 
     strategy: str = setting("auto", "training engine in the registry; auto = torch in one process, fsdp under torchrun")
-    use_remove_padding: bool = setting(False, "packed rows are not implemented for SFT: must stay false")
+    use_remove_padding: bool = setting(
+        False,
+        "pack each micro-batch's conversations into one row without padding (positions restart and attention "
+        "stays inside each conversation); with data.use_dynamic_bsz the token budget counts real tokens",
+    )
 
 
 @dataclass(frozen=True)

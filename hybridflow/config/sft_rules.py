@@ -184,17 +184,7 @@ def rule_trainer(cfg: _WithTrainer) -> list[str]:
     return []
 
 
-def rule_no_packing(cfg: SFTConfig) -> list[str]:
-    if cfg.model.use_remove_padding:
-        return [
-            "model.use_remove_padding=true: packed rows are implemented for the RL trainer's actor, reference "
-            "and critic passes, not for SFT yet; set it to false"
-        ]
-    return []
-
-
 SFT_RULES: tuple[Callable[[SFTConfig], list[str]], ...] = (
-    rule_no_packing,
     rule_processes,
     rule_token_budget,
     rule_data,

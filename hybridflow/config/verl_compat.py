@@ -134,7 +134,10 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     # verl's sft_trainer.yaml (root-level model / optim / data keys of the SFT trainer)
     IgnoredKey("ulysses_sequence_parallel_size", "sequence parallelism is not implemented; memory option only"),
     IgnoredKey("use_remove_padding", "padding-free kernels; a speed option only"),
-    IgnoredKey("data.balance_dp_token", "token balancing across data-parallel ranks; SFT runs in one process"),
+    IgnoredKey(
+        "data.balance_dp_token",
+        "token balancing across data-parallel ranks; ranks take equal contiguous row slices here",
+    ),
     IgnoredKey("data.micro_batch_size", "deprecated global micro-batch; use data.micro_batch_size_per_gpu"),
     IgnoredKey("data.chat_template", "use model.custom_chat_template", only_when_off=True),
     IgnoredKey("data.prompt_dict_keys", "nested prompt columns are not supported", only_when_off=True),
@@ -165,8 +168,12 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
         "*.optim.override_optimizer_config.*", "extra optimizer arguments are not supported", only_when_off=True
     ),
     IgnoredKey("*.optim.optimizer_offload", "optimizer offload; a memory option only"),
-    IgnoredKey(f"{_ARR}.actor.freeze_vision_tower", "multi-modal models are not supported", only_when_off=True),
-    IgnoredKey(f"{_ARR}.rollout.freeze_vision_tower", "multi-modal models are not supported", only_when_off=True),
+    IgnoredKey(
+        f"{_ARR}.actor.freeze_vision_tower", "freezing a VLM's vision tower is not implemented", only_when_off=True
+    ),
+    IgnoredKey(
+        f"{_ARR}.rollout.freeze_vision_tower", "freezing a VLM's vision tower is not implemented", only_when_off=True
+    ),
     IgnoredKey(f"{_ARR}.actor.loss_scale_factor", "a loss scale factor is not supported", only_when_off=True),
     IgnoredKey(f"{_ARR}.actor.calculate_entropy", "the entropy metric is computed in every update here"),
     IgnoredKey(f"{_ARR}.actor.use_prefix_grouper", "a prompt repeated across rows always runs once per batch here"),
@@ -189,7 +196,7 @@ VERL_IGNORED_KEYS: tuple[IgnoredKey, ...] = (
     IgnoredKey(f"{_ARR}.rollout.skip_tokenizer_init", "vLLM tokenizer start-up switch"),
     IgnoredKey(f"{_ARR}.rollout.enable_rollout_routing_replay", "MoE routing replay", only_when_off=True),
     IgnoredKey(f"{_ARR}.rollout.prometheus.*", "vLLM metrics export"),
-    IgnoredKey(f"{_ARR}.rollout.limit_images", "multi-modal models are not supported", only_when_off=True),
+    IgnoredKey(f"{_ARR}.rollout.limit_images", "a per-prompt image limit is not implemented", only_when_off=True),
     IgnoredKey("*.quantization", "quantized rollouts are not supported", only_when_off=True),
     IgnoredKey("*.quantization_config_file", "quantized rollouts are not supported", only_when_off=True),
     IgnoredKey("*.mtp.*", "multi-token prediction is not supported", only_when_off=True, switch_keys=("enable",)),

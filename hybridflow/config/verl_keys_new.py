@@ -43,7 +43,7 @@ NEW_MOVED_KEYS: tuple[MovedKey, ...] = (
 )
 
 _MEGATRON = "Megatron-LM setting; no Megatron engine here"
-_MULTI_MODAL = "multi-modal models are not supported"
+_MULTI_MODAL = "not supported for vision-language models here (images only, through the model folder's processor)"
 
 
 def _lora_section_keys(model: str) -> tuple[IgnoredKey, ...]:

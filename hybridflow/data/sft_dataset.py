@@ -24,6 +24,17 @@ turns (e.g. one that strips past reasoning) is reported instead of silently mis-
 ``ds[i]`` holds right-padded long tensors of length ``max_length``: ``input_ids``,
 ``attention_mask``, ``position_ids`` and ``loss_mask`` (aligned with the tokens: ``loss_mask[t]``
 = 1 when token t is a target; position 0 is never a target, nothing predicts it).
+
+Rows with images (verl's multi-turn SFT layout: ``<image>`` placeholders in the messages' text,
+an images column ``image_key`` with one image per placeholder, in order; the image forms of
+:mod:`hybridflow.data.multimodal`) need the model's ``processor``. The conversation is then
+rendered as an RL prompt with images is (content parts, the processor's chat template), cut into
+turns as above, and each image's pad token is repeated as many times as the processor gives the
+image tokens (:func:`tokenize_image_conversation`); image tokens are never targets, and an image
+inside a trained assistant turn is an error. Every item of such a dataset also carries
+``multi_modal_inputs`` (``pixel_values``, ``image_grid_thw``; ``{}`` for a row without images)
+and Qwen2-VL's 3-D positions ``(3, max_length)``. A row with images is never truncated (a cut
+would separate image tokens from their pixels).
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,7 +52,18 @@ from torch.utils.data import Dataset
 from hybridflow import fields as F
 from hybridflow.data.dataset_args import as_file_list, check_chat_dataset_args
 from hybridflow.data.io import DataFileError, read_rows
+from hybridflow.data.multimodal import (
+    MULTI_MODAL_INPUTS,
+    check_media_counts,
+    decode_images,
+    encode_multimodal_prompt,
+    processor_max_pixels,
+    rope_index,
+    rope_settings,
+    to_processor_messages,
+)
 from hybridflow.data.schema import DataRowError, check_message_dicts
+from hybridflow.data.sft_images import ImageRow, ProcessorChat, expand_image_tokens
 from hybridflow.utils.errors import InputError
 
 LOSS_MASK = "loss_mask"
@@ -48,6 +71,8 @@ ToolPrompt = Callable[[list[dict[str, Any]], list[dict[str, Any]]], list[dict[st
 """``(messages, tool schemas) → messages`` to render (e.g. with the tools described in the system message)."""
 SFT_TRUNCATION_MODES: tuple[str, ...] = ("error", "left", "right")
 ASSISTANT = "assistant"
+IMAGE_KEY = "images"
+VIDEO_KEY = "videos"
 
 
 class ChatTemplateError(InputError, ValueError):
@@ -113,6 +138,29 @@ def tokenize_conversation(
     return ids, mask
 
 
+def tokenize_image_conversation(
+    processor: Any,
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    images: Sequence[Any],
+    first_trained: int = 0,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+) -> tuple[list[int], list[int], dict[str, torch.Tensor]]:
+    """``(input_ids, loss_mask, multi_modal_inputs)`` of a conversation whose texts hold
+    ``<image>`` placeholders filled by ``images`` (PIL, in order): :func:`tokenize_conversation`
+    over the content-part messages, then :func:`expand_image_tokens` with the processor's grids.
+    ``multi_modal_inputs`` is ``{}`` without images."""
+    kwargs = dict(chat_template_kwargs or {})
+    chat = ProcessorChat(processor, tokenizer)
+    ids, mask = tokenize_conversation(chat, to_processor_messages(messages), first_trained, kwargs, tools)
+    inputs = encode_multimodal_prompt(processor, messages, images, kwargs).multi_modal_inputs if images else {}
+    grid = inputs.get("image_grid_thw")
+    token_id, merge_size = rope_settings(processor)
+    ids, mask = expand_image_tokens(ids, mask, [] if grid is None else grid.tolist(), token_id, merge_size)
+    return ids, mask, inputs
+
+
 def truncate_example(ids: list[int], mask: list[int], max_length: int, mode: str) -> tuple[list[int], list[int]]:
     """Cut to ``max_length`` tokens: ``left`` keeps the last ones, ``right`` the first; ``error`` raises."""
     if mode not in SFT_TRUNCATION_MODES:
@@ -169,6 +217,10 @@ class SFTDataset(Dataset):
         truncation: a longer example raises (``error``, at construction, naming file and row) or
             keeps its last (``left``) / first (``right``) ``max_length`` tokens.
         chat_template_kwargs: extra keyword arguments for ``apply_chat_template``.
+        processor: the model folder's multimodal processor
+            (:func:`hybridflow.models.processor.load_processor`); needed when rows have images.
+        image_key / video_key: the columns of a row's images / videos (``None``: no such column;
+            videos are refused).
 
     Every malformed row raises :class:`~hybridflow.data.schema.DataRowError` naming the file,
     the 0-based row index and the field. ``num_truncated`` counts the examples that were cut.
@@ -187,6 +239,9 @@ class SFTDataset(Dataset):
         max_length: int = 1024,
         truncation: str = "error",
         chat_template_kwargs: dict[str, Any] | None = None,
+        processor: Any = None,
+        image_key: str | None = IMAGE_KEY,
+        video_key: str | None = VIDEO_KEY,
     ) -> None:
         pad = check_chat_dataset_args(
             tokenizer, truncation, SFT_TRUNCATION_MODES, max_length, "SFT examples", "examples"
@@ -200,10 +255,14 @@ class SFTDataset(Dataset):
         self.pad_token_id = int(pad)
         self._kwargs = dict(chat_template_kwargs or {})
         self.num_truncated = 0
+        self.processor, self.image_key, self.video_key = processor, image_key, video_key
+        rows = [(file, i, row) for file in self.files for i, row in enumerate(read_rows(file))]
+        # with images anywhere, every row is rendered as image rows are and carries 3-D positions
+        self.multimodal = any(self._has_media(row) for _, _, row in rows)
         self._examples: list[tuple[list[int], list[int]]] = []
-        for file in self.files:
-            for i, row in enumerate(read_rows(file)):
-                self._examples.append(self._example(row, file, i))
+        self._media: list[ImageRow] = []  # one per row when multimodal, else empty
+        for file, i, row in rows:
+            self._examples.append(self._example(row, file, i))
         if not self._examples:
             raise DataFileError(f"no rows in {', '.join(self.files)}")
 
@@ -256,17 +315,27 @@ class SFTDataset(Dataset):
             messages = self.tool_prompt(messages, tools)
             first_trained += len(messages) - before  # a system message may have been added
         try:
-            ids, mask = tokenize_conversation(self.tokenizer, messages, first_trained, self._kwargs, tools)
+            if self.multimodal:
+                ids, mask = self._tokenize_with_images(row, file, index, messages, first_trained, tools)
+            else:
+                self._check_text_row(row, file, index, messages)
+                ids, mask = tokenize_conversation(self.tokenizer, messages, first_trained, self._kwargs, tools)
         except ChatTemplateError as err:
             raise DataRowError(file, index, field, str(err)) from None
         if len(ids) > self.max_length:
-            if self.truncation == "error":
+            has_images = bool(self.multimodal and self._media[-1].grids)
+            if self.truncation == "error" or has_images:
                 raise DataRowError(
                     file,
                     index,
                     field,
                     f"example is {len(ids)} tokens after the chat template, more than data.max_length="
-                    f"{self.max_length}; raise data.max_length or set data.truncation to left/right",
+                    f"{self.max_length}; raise data.max_length"
+                    + (
+                        " (rows with images are never truncated)"
+                        if has_images
+                        else " or set data.truncation to left/right"
+                    ),
                 )
             self.num_truncated += 1
             ids, mask = truncate_example(ids, mask, self.max_length, self.truncation)
@@ -280,12 +349,81 @@ class SFTDataset(Dataset):
             )
         return ids, mask
 
+    def _has_media(self, row: dict[str, Any]) -> bool:
+        return any(bool(row.get(key)) for key in (self.image_key, self.video_key) if key)
+
+    def _fail(self, file: str, index: int, key: str | None) -> Callable[[str], Exception]:
+        return partial(DataRowError, file, index, key or "")
+
+    def _check_text_row(self, row: dict[str, Any], file: str, index: int, messages: list[dict[str, Any]]) -> None:
+        """A row of a dataset without images: an (empty) images column means no placeholders."""
+        images = row.get(self.image_key) if self.image_key else None
+        videos = row.get(self.video_key) if self.video_key else None
+        if images is not None or videos is not None:
+            fail_images, fail_videos = self._fail(file, index, self.image_key), self._fail(file, index, self.video_key)
+            check_media_counts(messages, 0, videos, fail_images, fail_videos)
+
+    def _decode(self, file: str, index: int, images: Any) -> list[Any]:
+        fail = self._fail(file, index, self.image_key)
+        return decode_images(images, fail, base_dir=Path(file).parent, max_pixels=processor_max_pixels(self.processor))
+
+    def _tokenize_with_images(
+        self,
+        row: dict[str, Any],
+        file: str,
+        index: int,
+        messages: list[dict[str, Any]],
+        first_trained: int,
+        tools: list[dict[str, Any]] | None,
+    ) -> tuple[list[int], list[int]]:
+        """Tokenize a row of a dataset with images (checked against its placeholders); records
+        where its images come from."""
+        fail_images = self._fail(file, index, self.image_key)
+        if self.processor is None:
+            raise fail_images(
+                "the row has images but no processor was given; SFT on images needs a vision-language model "
+                "whose folder has an image processor (preprocessor_config.json)"
+            )
+        images = row.get(self.image_key) if self.image_key else None
+        decoded = self._decode(file, index, images)
+        videos = row.get(self.video_key) if self.video_key else None
+        check_media_counts(messages, len(decoded), videos, fail_images, self._fail(file, index, self.video_key))
+        try:
+            ids, mask, inputs = tokenize_image_conversation(
+                self.processor, self.tokenizer, messages, decoded, first_trained, self._kwargs, tools
+            )
+        except ChatTemplateError:
+            raise
+        except ValueError as err:
+            raise fail_images(str(err)) from None
+        grid = inputs.get("image_grid_thw")
+        self._media.append(ImageRow(file, index, images, messages, [] if grid is None else grid.tolist()))
+        return ids, mask
+
     def __len__(self) -> int:
         return len(self._examples)
 
-    def __getitem__(self, item: int) -> dict[str, torch.Tensor]:
+    def __getitem__(self, item: int) -> dict[str, Any]:
         ids, mask = self._examples[item]
-        return right_pad(ids, mask, self.max_length, self.pad_token_id)
+        out: dict[str, Any] = right_pad(ids, mask, self.max_length, self.pad_token_id)
+        if self.multimodal:
+            self._add_images(item, out)
+        return out
+
+    def _add_images(self, item: int, out: dict[str, Any]) -> None:
+        """The item's image tensors (its images decoded again; ``{}`` without) and 3-D positions."""
+        media = self._media[item]
+        decoded = self._decode(media.file, media.index, media.images)
+        inputs = encode_multimodal_prompt(self.processor, media.messages, decoded, self._kwargs).multi_modal_inputs
+        inputs = inputs if decoded else {}
+        grid = inputs.get("image_grid_thw")
+        if ([] if grid is None else grid.tolist()) != media.grids:
+            raise self._fail(media.file, media.index, self.image_key)("its images changed since the dataset was loaded")
+        token_id, merge_size = rope_settings(self.processor)
+        out[F.POSITION_IDS] = rope_index(
+            out[F.INPUT_IDS], out[F.ATTENTION_MASK], grid, image_token_id=token_id, spatial_merge_size=merge_size
+        )
+        out[MULTI_MODAL_INPUTS] = inputs
 
     def token_ids(self, item: int) -> tuple[list[int], list[int]]:
         """The unpadded ``(input_ids, loss_mask)`` of example ``item``."""

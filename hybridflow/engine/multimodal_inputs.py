@@ -90,8 +90,16 @@ def is_multimodal(micro: TensorDict) -> bool:
 def image_model_kwargs(micro: TensorDict, device: torch.device) -> dict[str, torch.Tensor]:
     """The model's image keyword arguments for ``micro``: each key's tensors of its rows,
     concatenated along dim 0 in row order, on ``device``; ``{}`` without images."""
+    return concat_image_inputs(multi_modal_rows(micro) or [], device)
+
+
+def concat_image_inputs(
+    rows: Sequence[Mapping[str, torch.Tensor] | None], device: torch.device | None = None
+) -> dict[str, torch.Tensor]:
+    """``rows``' image tensors, each key concatenated along dim 0 in row order (as the processor
+    would give them for those rows together), on ``device``; ``{}`` when no row has images."""
     collected: dict[str, list[torch.Tensor]] = {}
-    for i, row in enumerate(multi_modal_rows(micro) or []):
+    for i, row in enumerate(rows):
         for key, value in (row or {}).items():
             if value is None:
                 continue
@@ -99,6 +107,29 @@ def image_model_kwargs(micro: TensorDict, device: torch.device) -> dict[str, tor
                 raise TypeError(f"{FK.MULTI_MODAL_INPUTS}[{i}][{key!r}]: expected a tensor, got {type(value).__name__}")
             collected.setdefault(key, []).append(value)
     return {key: torch.cat(parts, dim=0).to(device) for key, parts in collected.items()}
+
+
+# Config attributes of Qwen2-VL-family models that name the vision tokens.
+_VISION_TOKEN_ATTRS: tuple[str, ...] = (
+    "image_token_id",
+    "video_token_id",
+    "vision_start_token_id",
+    "vision_end_token_id",
+    "vision_token_id",
+)
+
+
+def vision_token_ids(module: torch.nn.Module) -> tuple[int, ...]:
+    """The vision special tokens of a vision-language model (image / video pads, vision start /
+    end): ids a sampled response must never hold — an image pad in a response would take an
+    image's place in the actor's forward. ``()`` for a model without a vision tower."""
+    get_base = getattr(module, "get_base_model", None)  # a PEFT wrapper: the model under it
+    inner = get_base() if callable(get_base) else module
+    config = getattr(inner, "config", None)
+    if config is None or getattr(config, "vision_config", None) is None:
+        return ()
+    ids = (getattr(config, attr, None) for attr in _VISION_TOKEN_ATTRS)
+    return tuple(sorted({int(i) for i in ids if isinstance(i, int) and i >= 0}))
 
 
 def check_image_tokens(module: torch.nn.Module, input_ids: torch.Tensor, kwargs: Mapping[str, torch.Tensor]) -> None:

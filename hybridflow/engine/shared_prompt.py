@@ -33,7 +33,7 @@ declaring a ``prompt_cache`` parameter (:func:`takes_prompt_cache`).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from tensordict import TensorDict
@@ -46,14 +46,24 @@ PROMPT_CACHE_ARG = "prompt_cache"  # the parameter by which a forward function a
 
 
 def distinct_prompts(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    images: Sequence[Mapping[str, torch.Tensor] | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(first, which)`` for left-padded prompts (B, P): ``first`` (U,) = the first row of each
     distinct prompt, in order of appearance; ``which`` (B,) = each row's prompt, an index into
-    ``first``. Rows are the same prompt when their real tokens and positions match."""
-    key = torch.cat([input_ids * attention_mask, attention_mask, position_ids * attention_mask], dim=1)
+    ``first``. Rows are the same prompt when their real tokens and positions match and — given
+    ``images`` (one image-input dict or None per row) — their image tensors are equal too: two
+    prompts with the same ids (the same image tokens) but other pixels are different prompts.
+    Positions may be (B, P) or per-axis (B, 3, P)."""
+    mask = attention_mask if position_ids.dim() == 2 else attention_mask[:, None]
+    flat_positions = (position_ids * mask).reshape(position_ids.shape[0], -1)
+    key = torch.cat([input_ids * attention_mask, attention_mask, flat_positions], dim=1)
     rows = torch.arange(key.shape[0], device=key.device)
     _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    if images is not None:
+        inverse = _split_by_images(inverse, images)
     distinct = int(inverse.max()) + 1 if key.shape[0] else 0
     if distinct == key.shape[0]:
         return rows, rows
@@ -63,6 +73,36 @@ def distinct_prompts(
     rank = torch.empty_like(order)
     rank[order] = torch.arange(distinct, device=key.device)
     return first[order], rank[inverse]
+
+
+def _split_by_images(groups: torch.Tensor, images: Sequence[Mapping[str, torch.Tensor] | None]) -> torch.Tensor:
+    """Group ids refined so that rows of one group also hold equal image inputs (any numbering)."""
+    if len(images) != groups.numel():
+        raise ValueError(f"images: {len(images)} entries for {groups.numel()} prompt rows")
+    # per token group, the representatives seen so far: (image inputs, refined id)
+    seen: dict[int, list[tuple[Mapping[str, torch.Tensor] | None, int]]] = {}
+    refined = torch.empty_like(groups)
+    for row, group in enumerate(groups.tolist()):
+        reps = seen.setdefault(group, [])
+        match = next((rid for rep, rid in reps if _same_images(rep, images[row])), None)
+        if match is None:
+            match = _next_id(seen)
+            reps.append((images[row], match))
+        refined[row] = match
+    return refined
+
+
+def _next_id(seen: dict[int, list[tuple[Mapping[str, torch.Tensor] | None, int]]]) -> int:
+    return sum(len(reps) for reps in seen.values())
+
+
+def _same_images(a: Mapping[str, torch.Tensor] | None, b: Mapping[str, torch.Tensor] | None) -> bool:
+    """Equal image inputs: the same object (the trainer's ×n copies share it), else equal tensors."""
+    if a is b or (not a and not b):
+        return True
+    if not a or not b or a.keys() != b.keys():
+        return False
+    return all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
 
 
 def _inner_model(module: torch.nn.Module) -> torch.nn.Module:
@@ -135,7 +175,8 @@ def prompt_groups(batch: TensorDict) -> tuple[list[int], int] | None:
     cols = _prompt_columns(batch)
     if cols is None:
         return None
-    first, which = distinct_prompts(*_prompt_inputs(batch, cols).values())
+    inputs = _prompt_inputs(batch, cols)
+    first, which = distinct_prompts(inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"])
     if first.numel() == which.numel():
         return None
     return which.tolist(), cols.stop - cols.start
@@ -170,7 +211,7 @@ class PromptCache:
             return None
         index = torch.tensor(sorted(rows), dtype=torch.long)  # prompts in batch order, whatever the plan's
         inputs = {name: t[index] for name, t in _prompt_inputs(batch, cols).items()}
-        first, which = distinct_prompts(*inputs.values())
+        first, which = distinct_prompts(inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"])
         if first.numel() == which.numel():
             return None
         cache = DynamicCache(config=_require_hf_config(module))

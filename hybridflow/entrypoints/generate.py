@@ -15,6 +15,14 @@ Sampling runs on the built-in torch sampler (:class:`TorchRollout`) in batches o
 own part file as soon as it is done (:mod:`hybridflow.data.generation_journal`), so a
 crashed run restarted with the same command resumes after its last finished batch and ends
 with the same file an uninterrupted run writes.
+
+Images: a row whose ``data.image_key`` column (default ``images``) holds images is a
+vision-language prompt in verl's layout (``docs/vision.md``): its messages' ``<image>``
+placeholders are filled in order, the model folder's processor expands the image tokens, and
+the sampler is given the rows' pixel inputs and Qwen2-VL's 3-D positions, as ``hybridflow
+train``'s rollout is. Such a file needs a vision-language model folder (a ``vision_config`` in
+its config), and its prompts are never truncated (a cut would separate image tokens from their
+pixels). The resume fingerprint covers the images' bytes too.
 """
 
 from __future__ import annotations
@@ -39,15 +47,23 @@ from hybridflow.config.spec import section, setting
 from hybridflow.data import (
     DataFileError,
     DataRowError,
-    left_pad,
     read_rows,
     truncate_ids,
 )
 from hybridflow.data.generation_journal import GenerationJournal
+from hybridflow.data.multimodal import (
+    MultimodalPrompt,
+    check_media_counts,
+    decode_images,
+    encode_multimodal_prompt,
+    processor_max_pixels,
+)
 from hybridflow.data.prompt_text import prompt_token_ids
 from hybridflow.entrypoints.common import ensure_builtin_task_files, resolve_device
-from hybridflow.models import load_model_and_tokenizer
-from hybridflow.protocol import DataProto
+from hybridflow.entrypoints.generate_images import images_digest, prompt_batch
+from hybridflow.models import load_model_and_tokenizer, resolve_model_path
+from hybridflow.models.loader import is_vision_language_folder
+from hybridflow.models.processor import load_processor
 from hybridflow.utils.allocator import keep_freed_memory
 from hybridflow.utils.errors import InputError, debug_enabled, one_paragraph
 from hybridflow.utils.precision import resolve_compute_dtype
@@ -76,6 +92,9 @@ class GenDataConfig:
         True, "string prompts become one user message in the chat template; false = encode them as raw text"
     )
     chat_template_kwargs: dict[str, Any] = setting(factory=dict, help="extra keyword arguments for apply_chat_template")
+    image_key: str = setting(
+        "images", "column holding each row's images (verl's multimodal layout); needs a vision-language model"
+    )
 
 
 @dataclass(frozen=True)
@@ -184,9 +203,66 @@ def tokenize_prompts(rows: list[dict[str, Any]], tokenizer: Any, cfg: Generation
     return out
 
 
-def fingerprint(cfg: GenerationConfig, prompts: list[list[int]]) -> str:
-    """Hash of everything that decides the responses: prompts, model, sampling, n, batch size, seed."""
+# --- prompts with images ----------------------------------------------------------------------
+
+
+def has_images(rows: list[dict[str, Any]], image_key: str) -> bool:
+    """Whether any row's ``image_key`` cell holds at least one image."""
+    return any(row.get(image_key) is not None and len(row[image_key]) > 0 for row in rows)
+
+
+def encode_image_row(processor: Any, row: dict[str, Any], i: int, data: GenDataConfig, file: str) -> MultimodalPrompt:
+    """One row through the processor: its ``<image>`` placeholders filled with its images (checked
+    one for one), the image tokens expanded, the pixel inputs. Bad rows are named."""
+
+    def fail(problem: str, column: str = data.prompt_key) -> DataRowError:
+        return DataRowError(file, i, column, problem)
+
+    def fail_images(problem: str) -> DataRowError:
+        return fail(problem, data.image_key)
+
+    if data.prompt_key not in row:
+        raise fail(f"missing column (row has: {', '.join(sorted(row)) or 'nothing'})")
+    value = row[data.prompt_key]
+    messages = [{"role": "user", "content": value}] if isinstance(value, str) else _messages(value, fail)
+    cell = row.get(data.image_key)
+    images = decode_images(
+        None if cell is None else list(cell),
+        fail_images,
+        base_dir=Path(file).parent,
+        max_pixels=processor_max_pixels(processor),
+    )
+    check_media_counts(messages, len(images), None, fail_images, fail_images)
+    return encode_multimodal_prompt(processor, messages, images, data.chat_template_kwargs)
+
+
+def tokenize_image_prompts(
+    rows: list[dict[str, Any]], processor: Any, cfg: GenerationConfig, file: str
+) -> list[list[int]]:
+    """Every row's prompt ids with its image tokens expanded; an over-long prompt is an error
+    (never truncated: a cut would separate image tokens from their pixels)."""
+    if not cfg.data.apply_chat_template:
+        raise DataFileError(
+            f"{file}: rows with images need data.apply_chat_template=true (the template writes each image's block)"
+        )
+    out = []
+    for i, row in enumerate(rows):
+        ids = encode_image_row(processor, row, i, cfg.data, file).input_ids
+        if len(ids) > cfg.rollout.prompt_length:
+            raise DataRowError(
+                file, i, cfg.data.prompt_key,
+                f"prompt is {len(ids)} tokens with its image tokens, more than rollout.prompt_length="
+                f"{cfg.rollout.prompt_length}; raise it (prompts with images are never truncated)",
+            )  # fmt: skip
+        out.append(ids)
+    return out
+
+
+def fingerprint(cfg: GenerationConfig, prompts: list[list[int]], images: str = "") -> str:
+    """Hash of everything that decides the responses: prompts (and ``images``, the images'
+    digest), model, sampling, n, batch size, seed."""
     digest = hashlib.sha256(json.dumps(prompts).encode())
+    digest.update(images.encode())
     settings = {
         "model": cfg.model.path,
         "rollout": to_dict(cfg.rollout),
@@ -219,16 +295,19 @@ def build_rollout(cfg: GenerationConfig, model: torch.nn.Module, tokenizer: Any)
 
 
 def generate_batch(
-    rollout: BaseRollout, tokenizer: Any, prompts: list[list[int]], n: int, seed: int, device: str = "cpu"
+    rollout: BaseRollout,
+    tokenizer: Any,
+    prompts: list[list[int]],
+    n: int,
+    seed: int,
+    device: str = "cpu",
+    images: list[MultimodalPrompt] | None = None,
+    processor: Any = None,
 ) -> list[list[str]]:
-    """``n`` response texts for each prompt (left-padded together on ``device``, sampled with ``seed``)."""
-    width = max(len(p) for p in prompts)
-    pad = int(tokenizer.pad_token_id)
-    ids, mask, pos = (torch.stack(t) for t in zip(*(left_pad(p, width, pad) for p in prompts), strict=True))
-    batch = DataProto.from_dict(
-        tensors={F.INPUT_IDS: ids, F.ATTENTION_MASK: mask, F.POSITION_IDS: pos},
-        meta_info={F.META_N: n, F.META_SEED: seed},
-    )
+    """``n`` response texts for each prompt (left-padded together on ``device``, sampled with
+    ``seed``); ``images``: each prompt's processed images (see :func:`prompt_batch`)."""
+    batch = prompt_batch(prompts, int(tokenizer.pad_token_id), images, processor)
+    batch.meta_info.update({F.META_N: n, F.META_SEED: seed})
     out = rollout.generate_sequences(batch.to(device))
     lengths = out.require_batch()[F.RESPONSE_MASK].sum(dim=1).tolist()
     texts = tokenizer.batch_decode(
@@ -238,17 +317,31 @@ def generate_batch(
     return [texts[i * n : (i + 1) * n] for i in range(len(prompts))]
 
 
-def generate_file(cfg: GenerationConfig, rollout: BaseRollout, tokenizer: Any, progress: bool = True) -> Path:
-    """Run (or resume) the whole file; returns the output path. See the module docstring."""
+def generate_file(
+    cfg: GenerationConfig, rollout: BaseRollout, tokenizer: Any, progress: bool = True, processor: Any = None
+) -> Path:
+    """Run (or resume) the whole file; returns the output path. See the module docstring.
+    ``processor``: the vision-language model's processor (None for a text model), needed when
+    rows have images."""
     data = cfg.data
     ensure_builtin_task_files((data.path,))
     path = os.path.expanduser(data.path)
     rows = read_rows(path)
     if not rows:
         raise DataFileError(f"{path}: no prompts")
-    prompts = tokenize_prompts(rows, tokenizer, cfg, path)
+    with_images = has_images(rows, data.image_key)
+    if with_images and processor is None:
+        raise DataFileError(
+            f"{path}: rows have images (column {data.image_key!r}) but model.path={cfg.model.path} is not a "
+            "vision-language model (its config.json has no vision_config); use a Qwen2-VL / Qwen2.5-VL folder"
+        )
+    if with_images:
+        prompts = tokenize_image_prompts(rows, processor, cfg, path)
+    else:
+        prompts = tokenize_prompts(rows, tokenizer, cfg, path)
+    digest = images_digest(rows, data.image_key) if with_images else ""
     journal = GenerationJournal(
-        Path(data.output_path).expanduser(), fingerprint(cfg, prompts), len(rows), data.batch_size
+        Path(data.output_path).expanduser(), fingerprint(cfg, prompts, digest), len(rows), data.batch_size
     )
     done = journal.open(resume=cfg.resume)
     initial = sum(len(journal.batch_rows(b)) for b in done)
@@ -259,7 +352,10 @@ def generate_file(cfg: GenerationConfig, rollout: BaseRollout, tokenizer: Any, p
                 continue
             index = journal.batch_rows(batch)
             batch_prompts = [prompts[i] for i in index]
-            texts = generate_batch(rollout, tokenizer, batch_prompts, data.n_samples, cfg.seed + batch, device)
+            images = [encode_image_row(processor, rows[i], i, data, path) for i in index] if with_images else None
+            texts = generate_batch(
+                rollout, tokenizer, batch_prompts, data.n_samples, cfg.seed + batch, device, images, processor
+            )
             journal.write_batch(batch, texts)
             bar.update(len(index))
     return journal.assemble(rows, F.RESPONSES)
@@ -291,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
             cfg.model.path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code
         )
         model = model.to(device)
-        output = generate_file(cfg, build_rollout(cfg, model, tokenizer), tokenizer)
+        folder = resolve_model_path(cfg.model.path)
+        processor = load_processor(folder) if is_vision_language_folder(folder) else None
+        output = generate_file(cfg, build_rollout(cfg, model, tokenizer), tokenizer, processor=processor)
     except (InputError, FileNotFoundError, ValueError) as err:  # ValueError: bad sizes found while sampling
         if debug_enabled():
             raise

@@ -36,7 +36,10 @@ from hybridflow.models import (
     ModelLoadError,
     choose_attn_implementation,
     load_model_and_tokenizer,
+    resolve_model_path,
 )
+from hybridflow.models.packed_attention import packed_name
+from hybridflow.models.processor import load_processor
 from hybridflow.trainer.supervised.base import build_tracking, fit_and_report
 from hybridflow.trainer.supervised.ranks import (
     close_data_parallel,
@@ -52,8 +55,12 @@ from hybridflow.workers.engine_factory import build_engine
 from hybridflow.workers.ppo_loop import micro_batch_spec
 
 
-def build_sft_loaders(config: SFTConfig, tokenizer) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
-    """Training loader (train_batch_size, resumable) and validation loader (micro_batch_size_per_gpu)."""
+def build_sft_loaders(
+    config: SFTConfig, tokenizer, processor: Any = None
+) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
+    """Training loader (train_batch_size, resumable) and validation loader (micro_batch_size_per_gpu).
+    ``processor``: the model folder's multimodal processor (conversations with images, verl's
+    ``images`` column), None for a text-only model."""
     data = config.data
     if data.multiturn.enable:
         get_tool_parser(data.multiturn.format)  # an unknown format fails here, not at the first row with tools
@@ -71,6 +78,7 @@ def build_sft_loaders(config: SFTConfig, tokenizer) -> tuple[StatefulDataLoader,
         max_length=data.max_length,
         truncation=data.truncation,
         chat_template_kwargs=dict(data.apply_chat_template_kwargs),
+        processor=processor,
     )
     seed = config.trainer.seed if data.seed is None else data.seed
     files = {"data.train_files": tuple(data.train_files), "data.val_files": tuple(data.val_files)}
@@ -89,6 +97,14 @@ def build_sft_loaders(config: SFTConfig, tokenizer) -> tuple[StatefulDataLoader,
     return train_loader, val_loader
 
 
+def sft_attn_implementation(config: SFTConfig, device: str | torch.device) -> str:
+    """The HF attention kernel: ``model.attn_implementation`` for rows of ≤ ``data.max_length``
+    tokens, as its packed variant when ``model.use_remove_padding`` (the SFT forward then packs
+    every micro-batch into one row, :mod:`hybridflow.trainer.supervised.sft_loss`)."""
+    base = choose_attn_implementation(config.model.attn_implementation, device, config.data.max_length)
+    return packed_name(base) if config.model.use_remove_padding else base
+
+
 def build_sft_trainer(config: SFTConfig) -> SFTTrainer:
     """Everything :class:`SFTTrainer` needs, built from the config. Under torchrun this process
     joins the ranks' process group first (every rank builds the same model from the same seed)."""
@@ -105,13 +121,17 @@ def build_sft_trainer(config: SFTConfig) -> SFTTrainer:
         lora_alpha=model_cfg.lora_alpha,
         target_modules=list(target_modules) if isinstance(target_modules, tuple) else target_modules,
         trust_remote_code=model_cfg.trust_remote_code,
-        attn_implementation=choose_attn_implementation(model_cfg.attn_implementation, device, data.max_length),
+        attn_implementation=sft_attn_implementation(config, device),
     )
     if model_cfg.custom_chat_template is not None:
         tokenizer.chat_template = model_cfg.custom_chat_template
-    train_loader, val_loader = build_sft_loaders(config, tokenizer)
+    processor = load_processor(resolve_model_path(model_cfg.path))
+    train_loader, val_loader = build_sft_loaders(config, tokenizer, processor)
     total_steps = config.trainer.total_training_steps or len(train_loader) * config.trainer.total_epochs
-    micro_batch = micro_batch_spec(data.use_dynamic_bsz, data.micro_batch_size_per_gpu, data.max_token_len_per_gpu)
+    # packed rows: the token budget counts real tokens, as the actor's does
+    micro_batch = micro_batch_spec(
+        data.use_dynamic_bsz, data.micro_batch_size_per_gpu, data.max_token_len_per_gpu, model_cfg.use_remove_padding
+    )
     engine = build_engine(
         module,
         config.optim,
@@ -126,7 +146,16 @@ def build_sft_trainer(config: SFTConfig) -> SFTTrainer:
     )
     tracking = build_tracking(config, ranks)
     return SFTTrainer(
-        config, engine, tokenizer, train_loader, val_loader, tracking, total_steps, micro_batch, ranks=ranks
+        config,
+        engine,
+        tokenizer,
+        train_loader,
+        val_loader,
+        tracking,
+        total_steps,
+        micro_batch,
+        ranks=ranks,
+        processor=processor,
     )
 
 

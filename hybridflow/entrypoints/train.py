@@ -25,13 +25,9 @@ from hybridflow.controller import (
     colocated_class,
     create_worker_group,
 )
-from hybridflow.data import RLDataset, StatefulDataLoader
 from hybridflow.data.io import read_column
-from hybridflow.entrypoints.common import (
-    build_datasets_validated,
-    check_data_files,
-    resolve_device,
-)
+from hybridflow.entrypoints.common import check_data_files, resolve_device
+from hybridflow.entrypoints.train_data import build_loaders
 from hybridflow.models import load_tokenizer, resolve_model_path
 from hybridflow.models.processor import load_processor
 from hybridflow.reward import CustomRewardFunction, build_reward_manager
@@ -53,57 +49,6 @@ from hybridflow.workers.placement import actor_rollout_ref_roles
 from hybridflow.workers.reward_model import RewardModelWorker
 from hybridflow.workers.rollout.worker import RolloutWorker
 from hybridflow.workers.teacher import TeacherWorker
-
-
-def build_loaders(
-    config: PPOConfig, tokenizer, processor: Any = None
-) -> tuple[StatefulDataLoader, StatefulDataLoader | None]:
-    data = config.data
-    common: dict[str, Any] = dict(
-        prompt_key=data.prompt_key,
-        max_prompt_length=data.max_prompt_length,
-        truncation=data.truncation,
-        filter_overlong_prompts=data.filter_overlong_prompts,
-        # the agent loops render the chat messages (tool_agent adds tools and tool turns)
-        # reward models re-template responses from the chat messages when their tokenizer differs
-        return_raw_chat=(
-            data.return_raw_chat or config.actor_rollout_ref.rollout.multi_turn.enable or config.reward_model.enable
-        ),
-        chat_template_kwargs=dict(data.apply_chat_template_kwargs),
-        apply_chat_template=data.apply_chat_template,
-        processor=processor,
-        image_key=data.image_key,
-        video_key=data.video_key,
-    )
-    limits = {"data.train_files": _samples(data.max_samples), "data.val_files": _samples(data.val_max_samples)}
-    files = {"data.train_files": tuple(data.train_files), "data.val_files": tuple(data.val_files)}
-    datasets = build_datasets_validated(
-        {k: v for k, v in files.items() if v},
-        lambda key, key_files: RLDataset(key_files, tokenizer, max_samples=limits[key], **common),
-    )
-    for key, dataset in datasets.items():
-        if dataset.multimodal:  # the dataset side is done; the rollout and workers are not (issue 32)
-            raise ConfigError(
-                [
-                    f"{key} has rows with images ({data.image_key!r} column): training on images is not wired "
-                    "into the rollout yet (docs/vision.md); the multimodal dataset and actor forward exist, "
-                    "generation with images does not"
-                ]
-            )
-    seed = config.trainer.seed if data.seed is None else data.seed
-    gen_batch = data.gen_batch_size or data.train_batch_size  # larger only for DAPO dynamic sampling
-    train_loader = StatefulDataLoader(datasets["data.train_files"], gen_batch, shuffle=data.shuffle, seed=seed)
-    if not data.val_files:
-        return train_loader, None
-    val = datasets["data.val_files"]
-    val_loader = StatefulDataLoader(
-        val, data.val_batch_size or len(val), shuffle=data.validation_shuffle, seed=seed, drop_last=False
-    )
-    return train_loader, val_loader
-
-
-def _samples(max_samples: int) -> int | None:
-    return None if max_samples < 0 else max_samples
 
 
 def code_sandbox_spec(config: PPOConfig) -> CodeSandboxSpec:

@@ -40,6 +40,7 @@ from hybridflow.export.reader import (
     merged_model,
 )
 from hybridflow.models.hf_metadata import ADAPTER_CONFIG_FILE
+from hybridflow.models.processor import load_processor, save_tokenizer_or_processor
 
 LORA_MODES: tuple[str, ...] = ("merge", "adapter")
 EXPORT_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -134,10 +135,13 @@ def _save_tokenizer(source: CheckpointSource, folder: Path, trust_remote_code: b
             TOKENIZER_DIR,
         )
         return
-    tokenizer = AutoTokenizer.from_pretrained(
-        source.tokenizer_dir, local_files_only=True, trust_remote_code=trust_remote_code
-    )
-    tokenizer.save_pretrained(folder)
+    processor = load_processor(source.tokenizer_dir)  # a vision-language model's, else None
+    tokenizer = None
+    if processor is None:
+        tokenizer = AutoTokenizer.from_pretrained(
+            source.tokenizer_dir, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    save_tokenizer_or_processor(tokenizer, processor, folder)
 
 
 # --- the target folder ---------------------------------------------------------------------

@@ -9,8 +9,10 @@ what the batcher did.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+import torch
 
 from hybridflow.inference.sampling import GenerationParams
 
@@ -42,6 +44,11 @@ class GenRequest:
     belongs to (a completion with 64 prompts is 64 requests of one group); the batcher shares
     its rows fairly between groups (see :class:`~hybridflow.inference.continuous.ContinuousBatcher`).
     ``None``: a group of its own.
+
+    A vision-language prompt (Qwen2-VL) also carries ``images`` — the processor's image inputs
+    for it (``pixel_values``, ``image_grid_thw``) — and ``prompt_positions``, its 3-D rotary
+    positions ``(3, len(prompt_ids))``; the batcher prefills it with both, and its response
+    tokens continue past the prompt's largest position (see :mod:`hybridflow.inference.continuous`).
     """
 
     prompt_ids: tuple[int, ...]
@@ -51,14 +58,41 @@ class GenRequest:
     seed: int | None = None
     on_token: TokenCallback | None = None
     group: int | None = None
+    images: Mapping[str, torch.Tensor] | None = field(default=None, compare=False)
+    prompt_positions: torch.Tensor | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
             raise ValueError("prompt_ids is empty; a request needs at least one prompt token")
+        if self.prompt_positions is not None and tuple(self.prompt_positions.shape) != (3, len(self.prompt_ids)):
+            raise ValueError(
+                f"prompt_positions must be (3, {len(self.prompt_ids)}) (per-axis rotary positions of the prompt), "
+                f"got {tuple(self.prompt_positions.shape)}"
+            )
+        if self.images is not None and self.prompt_positions is None:
+            raise ValueError("a request with images needs prompt_positions (the prompt's 3-D rotary positions)")
         if self.top_logprobs < 0:
             raise ValueError(f"top_logprobs must be >= 0, got {self.top_logprobs}")
         if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
             raise ValueError(f"seed must be in [-2**63, 2**64 - 1], got {self.seed}")
+
+    def position_shift(self) -> int:
+        """How far the response's positions lie past its token count: 0 for text; for a prompt
+        with 3-D positions, its largest position + 1 − its length (an image takes fewer
+        positions than tokens)."""
+        if self.prompt_positions is None:
+            return 0
+        return int(self.prompt_positions.max()) + 1 - len(self.prompt_ids)
+
+    def positions_3d(self, num_tokens: int) -> torch.Tensor:
+        """``(3, prompt + num_tokens)``: the prompt's per-axis positions (text counted up on every
+        axis when it has none), then ``num_tokens`` response tokens' on all three axes."""
+        prompt = self.prompt_positions
+        if prompt is None:
+            prompt = torch.arange(len(self.prompt_ids)).expand(3, -1)
+        start = len(self.prompt_ids) + self.position_shift()
+        tail = torch.arange(start, start + num_tokens).expand(3, -1)
+        return torch.cat([prompt.to(torch.long).cpu(), tail], dim=1)
 
 
 @dataclass

@@ -30,15 +30,23 @@ then one decode step per token), so greedy output matches the sampler's token fo
 
 Positions count real tokens only (``clamp(cumsum(mask) − 1, 0)``), as in the RL dataset, so a
 sequence gets the same positions whether it was prefilled once or re-prefilled after joining.
+
+Images: a request with ``prompt_positions`` (:class:`GenRequest`) makes the prefill a vision-
+language one (positions ``(3, rows, width)``, the image rows' pixels in row order, the decoder's
+``prefill_multimodal``); the vision tower reruns at each join. Response positions continue past
+the prompt's largest one, as in ``generate``. Rows are one sequence only when their image inputs
+are one object too (the ``n`` rows of one request).
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from hybridflow.engine.multimodal_inputs import concat_image_inputs
 from hybridflow.inference.batcher_types import (
     FINISH_ABORT,
     FINISH_LENGTH,
@@ -279,19 +287,26 @@ class ContinuousBatcher:
     def _prefill(self, joined: bool) -> torch.Tensor:
         """Prefill every live row's full sequence (identical ones once); logits (rows, V)."""
         sequences = [row.sequence() for row in self._rows]
-        unique: dict[tuple[int, ...], int] = {}
-        which = [unique.setdefault(tuple(seq), len(unique)) for seq in sequences]
+        unique: dict[tuple[Any, ...], int] = {}
+        firsts: list[_Row] = []  # the first row of each distinct sequence
+        which = []
+        for row, seq in zip(self._rows, sequences, strict=True):
+            which.append(unique.setdefault((tuple(seq), id(row.request.images)), len(unique)))
+            firsts += [row] if len(firsts) < len(unique) else []
         width = max(len(seq) for seq in sequences)
         ids = torch.full((len(unique), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(unique), width), dtype=torch.long)
-        for u, seq in enumerate(unique):
+        for u, (seq, _) in enumerate(unique):
             ids[u, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
             mask[u, width - len(seq) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         # The last sampled token is never fed back, so width + remaining − 1 columns suffice.
         max_len = width + max(row.remaining() for row in self._rows) - 1
-        logits = self.decoder.prefill(ids, mask, positions, max_len)
+        if any(row.request.prompt_positions is not None for row in firsts):
+            logits = self._prefill_multimodal(ids, mask, firsts, max_len)
+        else:
+            positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+            logits = self.decoder.prefill(ids, mask, positions, max_len)
         fan_out = torch.tensor(which, dtype=torch.long, device=self.device)
         if len(unique) != len(sequences):
             self.decoder.select_rows(fan_out)
@@ -300,12 +315,31 @@ class ContinuousBatcher:
         self.stats.joins += int(joined)
         return logits
 
+    def _prefill_multimodal(
+        self, ids: torch.Tensor, mask: torch.Tensor, firsts: list[_Row], max_len: int
+    ) -> torch.Tensor:
+        """The vision-language prefill of the distinct sequences (``firsts``: one row each):
+        per-axis positions ``(3, U, width)`` (0 on padding) and the image rows' inputs."""
+        prefill = getattr(self.decoder, "prefill_multimodal", None)
+        if prefill is None:
+            raise ValueError(
+                f"{type(self.decoder).__name__} cannot take image inputs; vision-language models are served "
+                "through the HF decoder (decoder='hf' or 'auto')"
+            )
+        width = ids.shape[1]
+        positions = torch.zeros((3, len(firsts), width), dtype=torch.long)
+        for u, row in enumerate(firsts):
+            row_positions = row.request.positions_3d(len(row.out.token_ids))
+            positions[:, u, width - row_positions.shape[1] :] = row_positions
+        images = concat_image_inputs([row.request.images for row in firsts], self.device)
+        return prefill(ids, mask, positions.to(self.device), max_len, images)
+
     def _decode(self) -> torch.Tensor:
         """Feed each row's last token (finished rows feed padding until they are dropped)."""
         tokens, positions = [], []
         for row in self._rows:
             tokens.append(row.out.token_ids[-1] if not row.done else self.pad_token_id)
-            positions.append(len(row.request.prompt_ids) + len(row.out.token_ids) - 1)
+            positions.append(len(row.request.prompt_ids) + len(row.out.token_ids) - 1 + row.request.position_shift())
         return self.decoder.decode(
             torch.tensor(tokens, dtype=torch.long, device=self.device),
             torch.tensor(positions, dtype=torch.long, device=self.device),

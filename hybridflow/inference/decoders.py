@@ -26,6 +26,19 @@ DECODERS: tuple[str, ...] = ("auto", "lean", "hf")
 logger = logging.getLogger(__name__)
 
 
+def decoder_unsupported_reason(model: nn.Module) -> str | None:
+    """Why the lean decoder cannot run ``model`` (None: it can). A vision-language model is
+    named as such: its prompts carry images, which only the HF decoder feeds to the vision tower."""
+    config = getattr(model, "config", None)
+    if getattr(config, "vision_config", None) is not None:
+        kind = getattr(config, "model_type", type(model).__name__)
+        return (
+            f"{kind} is a vision-language model: the lean decoder has no vision tower and no per-axis "
+            "(3-D) rotary positions; the HF decoder feeds its prompts' images"
+        )
+    return lean_unsupported_reason(model)
+
+
 def build_decoder(
     model: nn.Module, decoder: str = "auto", weight_format: str = "auto", dtype: torch.dtype | None = None
 ) -> Decoder:
@@ -42,7 +55,7 @@ def build_decoder(
     if decoder not in DECODERS:
         raise ValueError(f"unknown decoder {decoder!r}; valid: {', '.join(DECODERS)}")
     model = unwrap_peft(model)
-    reason = lean_unsupported_reason(model)
+    reason = decoder_unsupported_reason(model)
     if decoder == "hf" or (decoder == "auto" and reason is not None):
         if decoder == "auto":
             logger.warning("decoder: hf (%s)", reason)

@@ -22,6 +22,7 @@ barriers, controls, failures kept small — is :mod:`hybridflow.inference.batchi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hybridflow.engine.multimodal_inputs import vision_token_ids
 from hybridflow.inference.batcher_types import GenRequest
 from hybridflow.inference.batching_loop import BatchingLoop
 from hybridflow.inference.continuous import ContinuousBatcher
@@ -40,6 +42,7 @@ from hybridflow.inference.engine_queue import (
     CancelItem,
     ControlItem,
     GenerateItem,
+    RequestRefused,
     ScoreItem,
     ShuttingDown,
     UpdateWeightsItem,
@@ -95,6 +98,8 @@ class GenerationEngine(BatchingLoop):
         super().__init__(model, built, batcher, batch_window_s)
         self.owns_weights = owns_weights
         self.started_at = time.time()
+        # A vision-language model never answers with its vision tokens (as the rollout's sampler).
+        self.suppress_token_ids = vision_token_ids(model)
 
     # ---- called from other threads -------------------------------------------------------------
     def start(self) -> None:
@@ -119,6 +124,12 @@ class GenerationEngine(BatchingLoop):
         ``prompt_logprobs`` (and the ``k`` best per position when ``k`` > 0).
         """
         future: Future = Future()
+        if request.prompt_positions is not None and prompt_logprobs is not None:
+            future.set_exception(RequestRefused("prompt log-probs of a prompt with images are not computed yet"))
+            return future
+        if self.suppress_token_ids:
+            params = dataclasses.replace(request.params, suppress_token_ids=self.suppress_token_ids)
+            request = dataclasses.replace(request, params=params)
         self._inbox.put(GenerateItem(request, future, prompt_logprobs))
         return future
 

@@ -3,12 +3,16 @@
 Used for architectures the lean decoder does not cover (and for LoRA-wrapped modules). It
 keeps the same interface as :class:`~hybridflow.inference.lean_decoder.LeanDecoder`
 (prefill, decode, select_rows, release), so the sampling loop — early finish, compaction,
-n samples per prompt — is identical on both paths; only the per-step forward differs.
+n samples per prompt — is identical on both paths; only the per-step forward differs. It is
+the only decoder that takes images (:meth:`HFDecoder.prefill_multimodal`): a vision-language
+model's prompt is prefilled once with its pixels, and decode steps feed text tokens at scalar
+positions that the model spreads equally over its three rotary axes.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -49,6 +53,32 @@ class HFDecoder:
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, max_len: int
     ) -> torch.Tensor:
         """Prompts (B, P), left-padded → float32 logits of the last position (B, V)."""
+        return self._prefill(input_ids, attention_mask, position_ids, max_len, {})
+
+    def prefill_multimodal(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        max_len: int,
+        images: Mapping[str, torch.Tensor],
+    ) -> torch.Tensor:
+        """A vision-language prefill: prompts (B, P) with per-axis positions ``(3, B, P)`` and the
+        rows' image inputs (``pixel_values``, ``image_grid_thw``, concatenated in row order; may
+        be empty) → float32 logits of the last position (B, V). The vision tower runs here, once;
+        decode steps feed text tokens only."""
+        if position_ids.dim() != 3 or position_ids.shape[0] != 3:
+            raise ValueError(f"prefill_multimodal takes positions (3, B, P), got shape {tuple(position_ids.shape)}")
+        return self._prefill(input_ids, attention_mask, position_ids, max_len, dict(images))
+
+    def _prefill(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        max_len: int,
+        images: dict[str, torch.Tensor],
+    ) -> torch.Tensor:
         if max_len < input_ids.shape[1]:
             raise ValueError(f"max_len {max_len} is shorter than the prompt length {input_ids.shape[1]}")
         config = self.model.config
@@ -64,6 +94,7 @@ class HFDecoder:
                 cache=self.cache,
                 use_cache=True,
                 logits_to_keep=1,
+                **images,
             )
         return out.logits[:, -1].float()
 

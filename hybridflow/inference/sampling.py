@@ -32,7 +32,10 @@ class GenerationParams:
 
     ``top_k <= 0`` and ``top_p == 1`` mean "off"; ``do_sample=False`` or ``temperature == 0``
     means greedy. ``stop_token_ids`` end a response (the stop token is kept in it) unless
-    ``ignore_eos``; ``n`` responses are drawn for every prompt row.
+    ``ignore_eos``; ``n`` responses are drawn for every prompt row. ``suppress_token_ids`` are
+    never chosen (their logits count as -inf; a vision-language model's image pads and vision
+    markers); the log-prob of a chosen token is still over the whole vocabulary, as the actor
+    computes it.
     """
 
     max_new_tokens: int
@@ -43,6 +46,7 @@ class GenerationParams:
     n: int = 1
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    suppress_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -169,14 +173,27 @@ def sample_next(
     Raises :class:`NonFiniteLogitsError` when a row's logits are NaN / +inf (a broken model).
     """
     check_finite_logits(logits)
+    allowed = _suppressed(logits, params.suppress_token_ids)
     if params.greedy:
-        tokens = logits.argmax(dim=-1)
+        tokens = allowed.argmax(dim=-1)
         return tokens, token_log_probs(logits, tokens, params.temperature if params.temperature > 0 else 1.0)
     # Same division as the actor's (logits / τ), so the log-probs below match it bit for bit.
     scaled = logits / params.temperature if params.temperature != 1.0 else logits
+    if allowed is logits:
+        choose = scaled
+    else:  # suppressed tokens are never drawn, but the log-prob stays over the whole vocabulary
+        choose = allowed / params.temperature if params.temperature != 1.0 else allowed
     if params.top_k > 0 or params.top_p < 1.0:
-        values, ids = _nucleus_candidates(scaled, params.top_k, params.top_p)
+        values, ids = _nucleus_candidates(choose, params.top_k, params.top_p)
         tokens = ids.gather(-1, _draw(torch.softmax(values, dim=-1), generator)[:, None])[:, 0]
     else:
-        tokens = _draw(torch.softmax(scaled, dim=-1), generator)
+        tokens = _draw(torch.softmax(choose, dim=-1), generator)
     return tokens, token_log_probs(scaled, tokens)
+
+
+def _suppressed(logits: torch.Tensor, token_ids: tuple[int, ...]) -> torch.Tensor:
+    """``logits`` with ``token_ids``' entries at -inf (``logits`` itself when there are none)."""
+    if not token_ids:
+        return logits
+    index = torch.tensor([i for i in token_ids if i < logits.shape[-1]], dtype=torch.long, device=logits.device)
+    return logits.index_fill(-1, index, float("-inf"))

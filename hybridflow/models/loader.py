@@ -10,6 +10,7 @@ peft's ``all-linear`` leaves the LM head alone.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from pathlib import Path
@@ -17,7 +18,13 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from hybridflow.engine.checkpoint import pickle_refusal
 from hybridflow.models.sources import resolve_model_path
@@ -113,9 +120,26 @@ def load_causal_lm(
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
 ) -> PreTrainedModel:
-    """``AutoModelForCausalLM`` from a local folder, with load failures named clearly (an
-    unsupported ``dtype`` is a ValueError, raised before loading)."""
-    return load_pretrained(AutoModelForCausalLM, folder, parse_dtype(dtype), trust_remote_code, attn_implementation)
+    """The folder's language model, with load failures named clearly (an unsupported ``dtype`` is
+    a ValueError, raised before loading). A vision-language folder (Qwen2-VL, Qwen2.5-VL: its
+    config has a ``vision_config``) loads through ``AutoModelForImageTextToText``, which transformers
+    maps to the conditional-generation class (vision tower + language model + LM head); that class
+    is a causal LM to the rest of hybridflow (same forward, logits over the vocabulary). Other
+    folders load through ``AutoModelForCausalLM``."""
+    auto_class = AutoModelForImageTextToText if is_vision_language_folder(folder) else AutoModelForCausalLM
+    return load_pretrained(auto_class, folder, parse_dtype(dtype), trust_remote_code, attn_implementation)
+
+
+def is_vision_language_folder(folder: str | os.PathLike) -> bool:
+    """Whether ``folder``'s ``config.json`` describes a vision-language model (has a
+    ``vision_config``). Read as plain JSON, so no model class is resolved to answer; a folder
+    without a readable config is not one (the model load then names what is missing)."""
+    config = Path(folder) / "config.json"
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("vision_config"), dict)
 
 
 def load_pretrained(

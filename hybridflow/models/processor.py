@@ -21,6 +21,7 @@ from transformers.utils import is_torchvision_available
 PROCESSOR_FILES: tuple[str, ...] = ("preprocessor_config.json", "processor_config.json")
 # model types whose processor handles images exactly as Qwen2-VL's does
 QWEN2_VL_FAMILY: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl")
+QWEN2_VL_PROCESSORS: tuple[str, ...] = ("Qwen2VLProcessor", "Qwen2_5_VLProcessor")
 
 
 class ImagesOnlyQwen2VLProcessor(Qwen2VLProcessor):
@@ -43,6 +44,7 @@ class ImagesOnlyQwen2VLProcessor(Qwen2VLProcessor):
 def load_processor(model_folder: str | Path) -> Any | None:
     """The folder's multimodal processor, or None for a folder without an image processor (a
     text-only model). ``AutoProcessor`` first; without torchvision, a Qwen2-VL-family folder
+    (its ``config.json`` says so, or — a checkpoint's ``tokenizer/`` — its processor files do)
     whose standard load fails gets :class:`ImagesOnlyQwen2VLProcessor`."""
     folder = Path(model_folder)
     if not any((folder / name).is_file() for name in PROCESSOR_FILES):
@@ -50,10 +52,23 @@ def load_processor(model_folder: str | Path) -> Any | None:
     try:
         processor = AutoProcessor.from_pretrained(folder)
     except Exception:
-        if is_torchvision_available() or _model_type(folder) not in QWEN2_VL_FAMILY:
+        qwen2_vl = _model_type(folder) in QWEN2_VL_FAMILY or _processor_class(folder) in QWEN2_VL_PROCESSORS
+        if is_torchvision_available() or not qwen2_vl:
             raise
         processor = ImagesOnlyQwen2VLProcessor.from_pretrained(folder)
     return processor if getattr(processor, "image_processor", None) is not None else None
+
+
+def save_tokenizer_or_processor(tokenizer: Any, processor: Any | None, folder: str | Path) -> None:
+    """Write ``processor`` (its tokenizer included) to ``folder`` when there is one, else
+    ``tokenizer``: a checkpoint of a vision-language model keeps the image processor's settings,
+    so the exported folder (and a GRPO run starting from it) reads images as training did."""
+    if processor is None:
+        tokenizer.save_pretrained(folder)
+        return
+    processor.save_pretrained(folder)
+    if isinstance(processor, ImagesOnlyQwen2VLProcessor):
+        declare_processor_class(folder, "Qwen2VLProcessor")
 
 
 def declare_processor_class(folder: str | Path, class_name: str) -> None:
@@ -66,6 +81,13 @@ def declare_processor_class(folder: str | Path, class_name: str) -> None:
             if "processor_class" in data:
                 data["processor_class"] = class_name
                 path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _processor_class(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / "processor_config.json").read_text(encoding="utf-8")).get("processor_class")
+    except (OSError, ValueError):
+        return None
 
 
 def _model_type(folder: Path) -> str | None:

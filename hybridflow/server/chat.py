@@ -1,5 +1,8 @@
 """``POST /v1/chat/completions``: OpenAI's chat completions, with tools, whole or streamed.
 
+Messages with ``image_url`` content parts (inline ``data:`` images) are rendered by a
+vision-language model's processor instead (:mod:`hybridflow.server.images`).
+
 The messages go through the model's chat template; offered tools go to the template, or, for
 a template that ignores them, into the system prompt as the agent loop writes them. Tool calls
 are read out of the reply with the server's tool parser (``--tool-call-parser``).
@@ -22,6 +25,7 @@ from hybridflow.server.engine_calls import (
     stream_error,
     stream_reply,
 )
+from hybridflow.server.images import has_image_parts, image_prompt
 from hybridflow.server.request_params import check_common, prompt_params
 from hybridflow.server.responses import (
     chat_choice,
@@ -132,12 +136,18 @@ async def chat_completions(
     check_common(state, body)
     check_tools(body.tools, body.tool_choice)
     parser = state.tool_parser if _tools_on(body) else None
-    prompt = await in_thread(_chat_prompt, state, body)
+    images, positions = None, None
+    if has_image_parts(body.messages):
+        prompt, images, positions = await in_thread(image_prompt, state.processor, state.model_name, body)
+    else:
+        prompt = await in_thread(_chat_prompt, state, body)
     params = prompt_params(state, body, prompt, "messages", body.token_limit())
     state.limits.check_request_tokens([params.max_new_tokens], body.n, "max_tokens")
     stops = body.stop_strings()
     top = (body.top_logprobs or 0) if body.logprobs else 0
-    gen = GenRequest(tuple(prompt), params, top, state.codec.stop_check(stops), body.seed)
+    gen = GenRequest(
+        tuple(prompt), params, top, state.codec.stop_check(stops), body.seed, images=images, prompt_positions=positions
+    )
     if body.stream:
         return await stream_reply(
             state, request, [gen], lambda queue, first: _chat_chunks(state, body, prompt, queue, first, stops, parser)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hybridflow.agent.parsers import ToolParser, get_tool_parser
 from hybridflow.inference.generation_engine import GenerationEngine
@@ -45,6 +45,9 @@ class ServerState:
     the trainer's routes of :mod:`hybridflow.server.control` (``--control-routes``), whose
     weight pushes may be up to ``max_weight_bucket_bytes`` per request; ``control_token``
     (when set) is the bearer token those routes and ``/update_weights_from_disk`` need.
+    ``processor``: the model folder's processor when it is a vision-language model (chat
+    messages with ``image_url`` parts go through it, :mod:`hybridflow.server.images`); None
+    for a text model, which refuses image parts.
     """
 
     engine: GenerationEngine
@@ -63,3 +66,4 @@ class ServerState:
     max_weight_bucket_bytes: int = 512 * 1024 * 1024
     weight_upload: WeightUpload | None = None  # the buckets of the push in progress
     control_token: str | None = None
+    processor: Any = None  # a vision-language model's processor: chat image_url parts need it

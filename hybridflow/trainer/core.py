@@ -150,8 +150,15 @@ class PPOTrainer:
 
     def step_metrics(self, batch: DataProto, timer: Timer, metrics: dict[str, float]) -> dict[str, float]:
         """The step's metrics: data, timing, throughput (and the rollout dump when asked)."""
-        if self.config.trainer.rollout_data_dir:
-            dump_rollouts(self.config.trainer.rollout_data_dir, self.global_steps, self.tokenizer, batch)
+        trainer = self.config.trainer
+        if trainer.rollout_data_dir:
+            dump_rollouts(
+                trainer.rollout_data_dir,
+                self.global_steps,
+                self.tokenizer,
+                batch,
+                token_rows=trainer.rollout_token_rows,
+            )
         metrics |= compute_data_metrics(batch, self.use_critic)
         metrics |= timer.metrics()
         metrics |= compute_throughput_metrics(batch, timer.timings["step"])

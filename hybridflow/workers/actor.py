@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from functools import partial
+from typing import Any
 
 import torch
 from tensordict import TensorDict
@@ -29,8 +30,9 @@ from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.engine import TrainEngine
 from hybridflow.engine.forward import response_log_probs
 from hybridflow.engine.multimodal_inputs import engine_batch
-from hybridflow.models import load_model_and_tokenizer, policy_attn_implementation
+from hybridflow.models import load_model_and_tokenizer, policy_attn_implementation, resolve_model_path
 from hybridflow.models.hf_metadata import HF_CONFIG_DIR, save_hf_metadata
+from hybridflow.models.processor import load_processor, save_tokenizer_or_processor
 from hybridflow.protocol import DataProto
 from hybridflow.workers.actor_loss import ADDITIVE_ACTOR_METRICS, ActorLoss
 from hybridflow.workers.data_parallel import (
@@ -90,6 +92,7 @@ class ActorWorker(Worker):
         self._shuffle_generator = torch.Generator().manual_seed(shuffle_seed + self.rank)
         self._engine: TrainEngine | None = None
         self._tokenizer: PreTrainedTokenizerBase | None = None
+        self._processor: Any = None  # a vision-language model's processor, saved with checkpoints
 
     # --- set-up -----------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -109,6 +112,7 @@ class ActorWorker(Worker):
         if model_cfg.custom_chat_template is not None:
             tokenizer.chat_template = model_cfg.custom_chat_template
         self._tokenizer = tokenizer
+        self._processor = load_processor(resolve_model_path(model_cfg.path))
         if needs_process_group(actor.strategy, self.world_size):
             self.init_process_group()
         self._engine = build_engine(
@@ -248,7 +252,7 @@ class ActorWorker(Worker):
         self.engine.save_checkpoint(path)
         save_shuffle_state(path, self.rank, self._shuffle_generator)
         if self.rank == 0:
-            self.tokenizer.save_pretrained(os.path.join(path, "tokenizer"))
+            save_tokenizer_or_processor(self.tokenizer, self._processor, os.path.join(path, "tokenizer"))
             save_hf_metadata(self.module, os.path.join(path, HF_CONFIG_DIR))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -245,6 +245,10 @@ def test_trainer_rules():
     )
     assert only_problem("trainer.nnodes=2") == "trainer.nnodes=2 needs trainer.backend=ray (local runs on one machine)"
     load_config(None, ["trainer.nnodes=2", "trainer.backend=ray"])
+    assert only_problem("trainer.rollout_token_rows=4") == (
+        "trainer.rollout_token_rows=4 needs trainer.rollout_data_dir (the per-token values go into its dump)"
+    )
+    load_config(None, ["trainer.rollout_token_rows=4", "trainer.rollout_data_dir=/tmp/dumps"])
 
 
 def test_all_problems_of_a_phase_are_reported_together():

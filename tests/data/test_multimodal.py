@@ -258,21 +258,3 @@ def test_text_rows_and_missing_processor(tmp_path: Path, processor, tokenizer) -
     with pytest.raises(DataFileError, match="rows have images or videos .* but no processor was given"):
         RLDataset(path, tokenizer, max_prompt_length=64)
 
-
-def test_training_on_image_rows_is_refused_until_the_rollout_takes_images(tmp_path: Path, folder) -> None:
-    from hybridflow.config import ConfigError, load_config
-    from hybridflow.entrypoints.train import build_loaders
-
-    path = write_rows([vl_row("<image>What colour?", [image(png(60, 60))], 0)], tmp_path / "vl.parquet")
-    config = load_config(
-        overrides=[
-            f"actor_rollout_ref.model.path={folder}",
-            f"data.train_files=[{path}]",
-            "data.val_files=[]",
-        ]
-    )
-    processor = load_processor(folder)
-    with pytest.raises(
-        ConfigError, match="data.train_files has rows with images .'images' column.: training on images"
-    ):
-        build_loaders(config, processor.tokenizer, processor)

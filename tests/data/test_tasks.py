@@ -13,8 +13,8 @@ from hybridflow.data.tasks.gsm8k import convert_gsm8k_rows, extract_gsm8k_answer
 
 
 def test_registry_lists_the_tasks():
-    assert TASKS.names() == ["arithmetic", "arithmetic-pairs", "arithmetic-sft", "code-convert", "code-functions", "countdown", "gsm8k", "tool-lookup"]
-    with pytest.raises(ValueError, match="valid names: arithmetic, arithmetic-pairs, arithmetic-sft, code-convert, code-functions, countdown, gsm8k, tool-lookup"):
+    assert TASKS.names() == ["arithmetic", "arithmetic-pairs", "arithmetic-sft", "code-convert", "code-functions", "countdown", "gsm8k", "shapes", "tool-lookup"]
+    with pytest.raises(ValueError, match="valid names: arithmetic, arithmetic-pairs, arithmetic-sft, code-convert, code-functions, countdown, gsm8k, shapes, tool-lookup"):
         TASKS.get("sudoku")
 
 

@@ -4,8 +4,9 @@ Each multi-rank run is a real ``python -m torch.distributed.run --standalone --n
 subprocess, one thread per rank. The reference is the same config trained in one process (the
 torch engine) in this test's process: with the loss normalised by the global token (or pair)
 count, DP=2 must give the same per-step metrics and the same final weights, up to the order of
-float sums (tolerance of tests/numerics.py, fp32). Also: a rank that fails stops the whole job
-with a message naming it; sharded checkpoints resume into another number of ranks.
+float sums (tolerance of tests/numerics.py, fp32). Also: packed rows (``model.use_remove_padding``)
+train like padded ones; a rank that fails stops the whole job with a message naming it; sharded
+checkpoints resume into another number of ranks and export to a Hugging Face folder.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from hybridflow.entrypoints.data import build_parser
 from hybridflow.entrypoints.rm import build_rm_trainer
 from hybridflow.entrypoints.sft import build_sft_trainer
 from hybridflow.trainer.supervised.base import fit_and_report
+from hybridflow.trainer.supervised.sft_trainer import SFTTrainer
 from tests.numerics import TINY_WIDTH, assert_close_across
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -84,38 +86,18 @@ def pair_file(tmp_path_factory) -> Path:
     return write_rows(train, tmp_path_factory.mktemp("rm_mp_data") / "pairs.parquet")
 
 
-def _sft_overrides(tiny_model_dir: Path, files: tuple[Path, Path], out: Path, *extra: str) -> list[str]:
-    train, val = files
-    return [
-        f"model.path={tiny_model_dir}",
-        "model.dtype=fp32",
-        f"data.train_files=[{train}]",
-        f"data.val_files=[{val}]",
-        "data.max_length=96",
-        "data.train_batch_size=4",
-        "data.micro_batch_size_per_gpu=2",
-        "optim.lr=1e-3",
-        "optim.lr_scheduler_type=constant",
-        "optim.lr_warmup_steps_ratio=0",
-        f"trainer.total_training_steps={STEPS}",
-        "trainer.test_freq=2",
-        "trainer.device=cpu",
-        f"trainer.default_local_dir={out}",
-        "trainer.logger=[jsonl]",
-        *extra,
-    ]
-
-
-def _rm_overrides(model_dir: Path, pair_file: Path, out: Path, *extra: str) -> list[str]:
+def _overrides(model_dir: Path, train: Path, val: Path, out: Path, max_length: int, lr: str) -> list[str]:
+    """The job both trainers run here: batches of 4 rows in micro-batches of 2, constant lr,
+    STEPS steps, validation every 2 steps, fp32 on the CPU, metrics to jsonl."""
     return [
         f"model.path={model_dir}",
         "model.dtype=fp32",
-        f"data.train_files=[{pair_file}]",
-        f"data.val_files=[{pair_file}]",
-        "data.max_length=128",
+        f"data.train_files=[{train}]",
+        f"data.val_files=[{val}]",
+        f"data.max_length={max_length}",
         "data.train_batch_size=4",
         "data.micro_batch_size_per_gpu=2",
-        "optim.lr=2e-3",
+        f"optim.lr={lr}",
         "optim.lr_scheduler_type=constant",
         "optim.lr_warmup_steps_ratio=0",
         f"trainer.total_training_steps={STEPS}",
@@ -123,8 +105,15 @@ def _rm_overrides(model_dir: Path, pair_file: Path, out: Path, *extra: str) -> l
         "trainer.device=cpu",
         f"trainer.default_local_dir={out}",
         "trainer.logger=[jsonl]",
-        *extra,
     ]
+
+
+def _sft_overrides(tiny_model_dir: Path, files: tuple[Path, Path], out: Path, *extra: str) -> list[str]:
+    return [*_overrides(tiny_model_dir, *files, out, max_length=96, lr="1e-3"), *extra]
+
+
+def _rm_overrides(model_dir: Path, pair_file: Path, out: Path, *extra: str) -> list[str]:
+    return [*_overrides(model_dir, pair_file, pair_file, out, max_length=128, lr="2e-3"), *extra]
 
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -193,29 +182,71 @@ def _assert_same_run(dp2_dir: Path, dp1_dir: Path, what: str, keys: tuple[str, .
     assert loss_rel <= 1e-5 and weight_rel <= 1e-5, (loss_rel, weight_rel)
 
 
-def _sft_one_process(tiny_model_dir, sft_files, out: Path, *extra: str) -> None:
-    fit_and_report(
-        build_sft_trainer(load_sft_config(None, _sft_overrides(tiny_model_dir, sft_files, out, *extra))), str
-    )
+def _sft_one_process(tiny_model_dir, sft_files, out: Path, *extra: str) -> SFTTrainer:
+    trainer = build_sft_trainer(load_sft_config(None, _sft_overrides(tiny_model_dir, sft_files, out, *extra)))
+    fit_and_report(trainer, str)
+    return trainer
+
+
+BY_TOKEN_BUDGET = ("data.use_dynamic_bsz=true", "data.max_token_len_per_gpu=100")
+PACKED = ("model.use_remove_padding=true",)
 
 
 @pytest.mark.parametrize(
-    "micro_batches",
-    [(), ("data.use_dynamic_bsz=true", "data.max_token_len_per_gpu=100")],
-    ids=["by_count", "by_token_budget"],
+    ("dp2_extra", "dp1_extra"),
+    [((), ()), (BY_TOKEN_BUDGET, BY_TOKEN_BUDGET), ((*PACKED, *BY_TOKEN_BUDGET), ())],
+    ids=["by_count", "by_token_budget", "packed_by_real_token_budget_vs_padded"],
 )
-def test_sft_two_ranks_train_like_one_process(tiny_model_dir, sft_files, tmp_path, micro_batches):
+def test_sft_two_ranks_train_like_one_process(tiny_model_dir, sft_files, tmp_path, dp2_extra, dp1_extra):
+    """DP=2 = one process. The packed case: 2 ranks packing each micro-batch into one row, with
+    micro-batches of ≤ 100 real tokens per rank, against one padded process with micro-batches
+    of 2 rows: the same losses and weights, whatever the rows' grouping and layout."""
     start = time.perf_counter()
-    dp2 = _sft_overrides(tiny_model_dir, sft_files, tmp_path / "dp2", *micro_batches)
+    dp2 = _sft_overrides(tiny_model_dir, sft_files, tmp_path / "dp2", *dp2_extra)
     _ok(_torchrun(2, ["-m", "hybridflow.entrypoints.sft"], dp2))
     elapsed = time.perf_counter() - start
-    _sft_one_process(tiny_model_dir, sft_files, tmp_path / "dp1", *micro_batches)
-    _assert_same_run(tmp_path / "dp2", tmp_path / "dp1", "sft DP=2 vs one process")
+    _sft_one_process(tiny_model_dir, sft_files, tmp_path / "dp1", *dp1_extra)
+    _assert_same_run(tmp_path / "dp2", tmp_path / "dp1", f"sft DP=2 {dp2_extra} vs one process {dp1_extra}")
     actor = tmp_path / "dp2" / f"global_step_{STEPS}" / "actor"
     assert json.loads((actor / "fsdp_meta.json").read_text())["world_size"] == 2
     assert {p.name for p in (actor / "model").iterdir()} >= {"__0_0.distcp", "__1_0.distcp", ".metadata"}
     print(f"sft DP=2 torchrun wall time: {elapsed:.1f} s")
     assert elapsed < 60
+
+
+def test_sft_packed_in_one_process_trains_like_padded(tiny_model_dir, sft_files, tmp_path):
+    """`hybridflow sft model.use_remove_padding=true` in one plain process (the torch engine) =
+    the padded run: per-step losses, gradient norms, validation losses and final weights."""
+    from hybridflow.engine.forward import packs_rows
+
+    assert packs_rows(_sft_one_process(tiny_model_dir, sft_files, tmp_path / "packed", *PACKED).engine.module)
+    assert not packs_rows(_sft_one_process(tiny_model_dir, sft_files, tmp_path / "padded").engine.module)
+    _assert_same_run(tmp_path / "packed", tmp_path / "padded", "sft packed vs padded, one process")
+
+
+def test_export_merge_of_a_two_rank_checkpoint_reloads_the_trained_weights(tiny_model_dir, sft_files, tmp_path):
+    """`hybridflow export merge` of the sharded (DCP) checkpoint 2 ranks wrote → a Hugging Face
+    folder that ``AutoModelForCausalLM.from_pretrained`` loads with: exactly rank 0's ``hf/``
+    weights, the one-process run's trained weights (within 1e-5), not the initial ones."""
+    from transformers import AutoModelForCausalLM
+
+    from hybridflow.entrypoints.export import main as export_main
+
+    _ok(_torchrun(2, ["-m", "hybridflow.entrypoints.sft"], _sft_overrides(tiny_model_dir, sft_files, tmp_path / "dp2")))
+    assert (
+        json.loads((tmp_path / "dp2" / f"global_step_{STEPS}" / "actor" / "fsdp_meta.json").read_text())["world_size"]
+        == 2
+    )
+    target = tmp_path / "exported"
+    assert export_main(["merge", "--local_dir", str(tmp_path / "dp2"), "--target_dir", str(target)]) == 0
+    reloaded = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).state_dict()
+    rank0_hf = _weights(tmp_path / "dp2")
+    assert all(torch.equal(reloaded[k], rank0_hf[k]) for k in rank0_hf)
+    _sft_one_process(tiny_model_dir, sft_files, tmp_path / "dp1")
+    trained = _weights(tmp_path / "dp1")
+    assert _max_relative({k: reloaded[k] for k in trained}, trained) <= 1e-5
+    initial = load_file(tiny_model_dir / "model.safetensors")
+    assert _max_relative({k: reloaded[k] for k in initial}, initial) > 1e-4  # 5 steps at lr 1e-3 moved them
 
 
 def test_rm_two_ranks_train_like_one_process(tiny_model_dir, pair_file, tmp_path):

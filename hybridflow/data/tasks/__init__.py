@@ -18,6 +18,7 @@ from hybridflow.data.tasks import (
     code_functions,
     countdown,
     gsm8k,
+    shapes,
     tool_lookup,
 )
 from hybridflow.data.tasks.arithmetic import ArithmeticSettings, generate_arithmetic
@@ -34,6 +35,7 @@ TASKS.add(code_functions.TASK.name, code_functions.TASK)
 TASKS.add(code_functions.CONVERT_TASK.name, code_functions.CONVERT_TASK)
 TASKS.add(countdown.TASK.name, countdown.TASK)
 TASKS.add(gsm8k.TASK.name, gsm8k.TASK)
+TASKS.add(shapes.TASK.name, shapes.TASK)
 TASKS.add(tool_lookup.TASK.name, tool_lookup.TASK)
 
 __all__ = [

@@ -7,7 +7,8 @@ source with ``SCORERS.add("my/source", fn)`` or point ``custom_reward_function.p
 
 Generic scorers live here (``boxed.py``, ``math_answers.py``, ``code.py``, ``geometry3k.py``,
 ``search_r1.py``); a built-in task's
-scorer lives in its task module, next to its generator (``hybridflow/data/tasks/<task>.py``).
+scorer lives in its task module, next to its generator (``hybridflow/data/tasks/<task>.py``), except
+``shapes.py``'s, which uses ``boxed.py`` (the data layer may not import the reward layer).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from hybridflow.data.tasks import arithmetic, countdown, gsm8k, tool_lookup
 from hybridflow.data.tasks.code_functions import DATA_SOURCE as CODE_FUNCTIONS_SOURCE
-from hybridflow.reward.scorers import code, geometry3k, math_answers, search_r1
+from hybridflow.reward.scorers import code, geometry3k, math_answers, search_r1, shapes
 from hybridflow.utils.registry import Registry
 
 ScoreResult = float | dict[str, Any]
@@ -52,6 +53,7 @@ for _source in search_r1.DATA_SOURCES:
 SCORERS.add(arithmetic.DATA_SOURCE, arithmetic.compute_score)
 SCORERS.add(countdown.DATA_SOURCE, countdown.compute_score)
 SCORERS.add(tool_lookup.DATA_SOURCE, tool_lookup.compute_score)
+SCORERS.add(shapes.DATA_SOURCE, shapes.compute_score)  # its scorer reads \boxed{}, a reward-side helper
 # code: test cases run in the sandbox (verl's code sources and the built-in task)
 CODE_SOURCES: tuple[str, ...] = (*code.VERL_CODE_SOURCES, CODE_FUNCTIONS_SOURCE)
 for _source in CODE_SOURCES:

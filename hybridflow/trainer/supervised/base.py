@@ -73,6 +73,7 @@ class SupervisedTrainer:
         config: the loaded (finalized) trainer config.
         engine: the training engine holding the model, optimizer and lr schedule.
         tokenizer: saved with every checkpoint (see ``save_model``).
+        processor: a vision-language model's processor, saved in the tokenizer's place; None otherwise.
         train_loader: resumable loader of collated rows (train_batch_size each).
         val_loader: loader over the validation set (``drop_last=False``), or None.
         tracking: where metrics go.
@@ -107,12 +108,14 @@ class SupervisedTrainer:
         total_training_steps: int,
         micro_batch: MicroBatchSpec,
         ranks: DataParallel = ONE_PROCESS,
+        processor: Any = None,
     ) -> None:
         if total_training_steps < 1:
             raise ValueError(f"total_training_steps must be ≥ 1, got {total_training_steps}")
         self.config = config
         self.engine = engine
         self.tokenizer = tokenizer
+        self.processor = processor
         self.train_loader = train_loader
         self.val_loader = val_loader
         self.tracking = tracking

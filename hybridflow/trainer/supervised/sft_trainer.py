@@ -2,8 +2,10 @@
 
 What is SFT's own:
 
-* ``train_step``: forward/backward over micro-batches (count or token budget) with the token-mean
-  NLL of the batch's target tokens (``loss_mask``), one optimizer step, one lr-schedule step;
+* ``train_step``: forward/backward over micro-batches (count or token budget; rows padded, or
+  packed into one row per micro-batch with ``model.use_remove_padding``, see
+  :mod:`hybridflow.trainer.supervised.sft_loss`) with the token-mean NLL of the batch's target
+  tokens (``loss_mask``), one optimizer step, one lr-schedule step;
 * ``validate``: ``val/loss``, the mean NLL over every target token of the validation set
   (every test_freq steps and after the last; no validation at step 0).
 
@@ -30,16 +32,18 @@ from __future__ import annotations
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
-import torch
 from tensordict import TensorDict
 
 from hybridflow import fields as FK
 from hybridflow.config import SFTConfig
 from hybridflow.data.sft_dataset import LOSS_MASK
+from hybridflow.engine.multimodal_inputs import with_multi_modal_inputs
 from hybridflow.export.reader import TOKENIZER_DIR
 from hybridflow.export.writer import merge_checkpoint
 from hybridflow.models.hf_metadata import HF_CONFIG_DIR, save_hf_metadata
+from hybridflow.models.processor import save_tokenizer_or_processor
 from hybridflow.trainer.supervised.base import HF_FOLDER, SupervisedTrainer
 from hybridflow.trainer.supervised.ranks import global_sum, padded_rank_rows, rank_rows
 from hybridflow.trainer.supervised.sft_loss import (
@@ -53,10 +57,13 @@ CHECKPOINT_KIND = "sft"
 MODEL_DIR = "actor"  # the PPO actor's folder: the model merger and RL read SFT checkpoints as they are
 
 
-def to_tensordict(batch: dict[str, torch.Tensor]) -> TensorDict:
-    """A collated SFT batch (``{name: (B, L) tensor}``) as a TensorDict with batch size B."""
+def to_tensordict(batch: dict[str, Any]) -> TensorDict:
+    """A collated SFT batch (``{name: (B, L) tensor}``, plus one ``multi_modal_inputs`` dict per
+    row for image conversations) as a TensorDict with batch size B."""
     rows = int(batch[FK.INPUT_IDS].shape[0])
-    return TensorDict(dict(batch), batch_size=[rows])
+    out = TensorDict({k: v for k, v in batch.items() if k != FK.MULTI_MODAL_INPUTS}, batch_size=[rows])
+    images = batch.get(FK.MULTI_MODAL_INPUTS)
+    return out if images is None else with_multi_modal_inputs(out, list(images))
 
 
 class SFTTrainer(SupervisedTrainer):
@@ -116,6 +123,6 @@ class SFTTrainer(SupervisedTrainer):
         if not self.ranks.is_main:
             return
         save_hf_metadata(self.engine.module, actor / HF_CONFIG_DIR)
-        self.tokenizer.save_pretrained(actor / TOKENIZER_DIR)
+        save_tokenizer_or_processor(self.tokenizer, self.processor, actor / TOKENIZER_DIR)
         if self.config.trainer.export_hf:
             merge_checkpoint(actor, staging / HF_FOLDER)

@@ -12,6 +12,12 @@ call and shut down after it, so every call samples from the current weights: the
 module when colocated, or the copy :meth:`update_weights` refreshed. All rows run
 concurrently on one event loop, so their requests share the engine's forward passes.
 
+Rows with images (a non-empty ``multi_modal_inputs``) whose loop is ``single_turn_agent`` are
+answered by the plain image-taking sampler (:class:`TorchRollout`; the single-turn loop is
+token for token the plain rollout), with the agent columns of a single-turn trajectory; the
+agent engine takes token ids only, so any other loop, and partial rollout, refuse image rows
+with a clear error.
+
 Output: verl's fields as collated by :func:`hybridflow.agent.collate.collate_trajectories`
 (``response_mask`` 0 on tool / separator tokens), the agent columns (``__num_turns__``,
 ``tool_call_counts``, ``turn_scores``, ``tool_rewards``); the metrics (``num_turns/*``,
@@ -32,8 +38,9 @@ import torch
 from torch import nn
 
 from hybridflow import fields as F
-from hybridflow.agent.base import AgentContext, agent_loop_table
-from hybridflow.agent.runner import AGENT_NAME, run_agent_loops
+from hybridflow.agent.base import AgentContext, agent_loop_table, has_images
+from hybridflow.agent.collate import NUM_TURNS, TOOL_CALL_COUNTS, TOOL_REWARDS, TURN_SCORES
+from hybridflow.agent.runner import AGENT_NAME, DEFAULT_AGENT_LOOP, run_agent_loops
 from hybridflow.config.actor_rollout_ref import RolloutConfig
 from hybridflow.fields import EXTRA_INFO
 from hybridflow.inference.client import InProcessClient
@@ -43,6 +50,7 @@ from hybridflow.inference.partial_rollout import PartialRolloutClient
 from hybridflow.inference.protocol import SamplingParams
 from hybridflow.inference.sampling import GenerationParams
 from hybridflow.protocol import DataProto
+from hybridflow.protocol.rows import object_array
 from hybridflow.tools.registry import build_tools
 from hybridflow.utils.async_run import run_coroutine
 from hybridflow.workers.rollout.base import ROLLOUTS, RolloutCapabilities, RolloutOutput
@@ -145,6 +153,12 @@ class AgentLoops:
         return RolloutOutput(out.to(device), metrics)
 
 
+def image_rows(prompts: DataProto) -> bool:
+    """Whether some row of ``prompts`` carries image inputs."""
+    column = prompts.non_tensor_batch.get(F.MULTI_MODAL_INPUTS)
+    return column is not None and any(has_images({F.MULTI_MODAL_INPUTS: row}) for row in column)
+
+
 def batch_seed(meta: dict[str, Any], generator: torch.Generator) -> int:
     """The call's seed: ``meta_info['seed']`` (the trainer's per-step seed), else the rollout's."""
     return int(meta[F.META_SEED]) if F.META_SEED in meta else int(generator.initial_seed())
@@ -198,6 +212,8 @@ class AgentLoopRollout(TorchRollout):
     def generate_with_metrics(self, prompts: DataProto) -> RolloutOutput:
         if not self.uses_agent_loop(prompts):
             return RolloutOutput(super().generate_sequences(prompts), {})
+        if image_rows(prompts):
+            return self._single_turn_images(prompts)
         meta = dict(prompts.meta_info)
         params = self.sampling_params(meta)
         pad = pad_token_id(meta, self.default_pad)
@@ -231,6 +247,32 @@ class AgentLoopRollout(TorchRollout):
             with self.swap_lock:
                 self.live_engine = None
             engine.shutdown()
+
+    def _single_turn_images(self, prompts: DataProto) -> RolloutOutput:
+        """Image rows of ``single_turn_agent``: the plain sampler (which takes their pixels) and
+        the agent columns of one-turn trajectories (2 turns, no tool calls)."""
+        names = prompts.non_tensor_batch.get(AGENT_NAME)
+        loops = {str(name or self.loops.default_agent_loop) for name in names} if names is not None else set()
+        loops = loops or {self.loops.default_agent_loop}
+        if self.partial_rollout or loops != {DEFAULT_AGENT_LOOP}:
+            what = (
+                "partial rollout" if self.partial_rollout else f"agent loop(s) {sorted(loops - {DEFAULT_AGENT_LOOP})}"
+            )
+            raise ValueError(
+                f"{what} cannot take rows with images yet: the agent engine generates from token ids only; "
+                f"image rows are supported by {DEFAULT_AGENT_LOOP} on the built-in rollout (docs/vision.md)"
+            )
+        out = super().generate_sequences(prompts)
+        rows = len(out)
+        out.non_tensor_batch[NUM_TURNS] = np.full(rows, 2, dtype=np.int32)
+        out.non_tensor_batch[TOOL_CALL_COUNTS] = np.zeros(rows, dtype=np.int64)
+        out.non_tensor_batch[TURN_SCORES] = object_array([[] for _ in range(rows)])
+        out.non_tensor_batch[TOOL_REWARDS] = object_array([[] for _ in range(rows)])
+        out.non_tensor_batch[F.WEIGHT_VERSION_MIN] = np.full(rows, self.weight_version, dtype=np.int64)
+        out.non_tensor_batch[F.WEIGHT_VERSION_MAX] = np.full(rows, self.weight_version, dtype=np.int64)
+        metrics = {f"{name}/{stat}": value for name, value in (("num_turns", 2.0), ("tool_call_counts", 0.0))
+                   for stat in ("min", "max", "mean")}  # fmt: skip
+        return RolloutOutput(out, metrics)
 
     def abort_generation(self) -> int:
         """Abort the requests of the call in flight (they hand back their tokens and are

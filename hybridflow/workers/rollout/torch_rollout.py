@@ -6,6 +6,11 @@ or with LoRA adapters) it uses :class:`~hybridflow.inference.lean_decoder.LeanDe
 variants it steps the model's own forward (:class:`~hybridflow.inference.hf_decoder.HFDecoder`).
 Both paths share the sampling loop of :mod:`hybridflow.inference.generation`.
 
+Vision-language models (Qwen2-VL) sample on the HF path: a prompt row's image inputs (the
+``multi_modal_inputs`` non-tensor column) go to the prefill with its per-axis (B, 3, P)
+positions; the output's positions are (B·n, 3, P+T), each response token one past the prompt's
+largest position on all three axes; the model's vision tokens are never sampled.
+
 Weights: the rollout reads the module it was given. Handed the actor's module (colocated
 default), it sees every update at once — packed copies are rebuilt when a parameter changed
 (see :mod:`hybridflow.inference.projections`). Handed its own module, it receives
@@ -15,6 +20,7 @@ weights via :meth:`update_weights`.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -24,6 +30,7 @@ from tqdm import tqdm
 
 from hybridflow import fields as F
 from hybridflow.config.actor_rollout_ref import RolloutConfig
+from hybridflow.engine.multimodal_inputs import vision_token_ids
 from hybridflow.inference.decoders import build_decoder
 from hybridflow.inference.generation import Generated, generate
 from hybridflow.inference.sampling import GenerationParams
@@ -89,6 +96,17 @@ def rollout_sampling(config: RolloutConfig, meta: Mapping[str, Any], default_eos
     )
 
 
+def response_positions(prompt_pos: torch.Tensor, steps: int) -> torch.Tensor:
+    """The positions of ``steps`` response tokens after left-padded prompts: (B, P) → (B, T),
+    the last prompt position + 1, + 2, …; per-axis (B, 3, P) → (B, 3, T), the row's largest
+    prompt position + 1, + 2, … on every axis (response tokens are text)."""
+    delta = torch.arange(1, steps + 1, device=prompt_pos.device, dtype=prompt_pos.dtype)
+    if prompt_pos.dim() == 2:
+        return prompt_pos[:, -1:] + delta[None]
+    start = prompt_pos.amax(dim=(1, 2))
+    return (start[:, None] + delta[None])[:, None, :].expand(-1, prompt_pos.shape[1], -1)
+
+
 @ROLLOUTS.register("torch")
 class TorchRollout(BaseRollout):
     """The built-in sampler. See the module docstring."""
@@ -115,6 +133,8 @@ class TorchRollout(BaseRollout):
         self.generator.manual_seed(config.seed if config.seed is not None else 0)
         self.default_eos = _token_ids(self._default_eos(), "eos_token_id")
         self.default_pad = self._default_pad()
+        # a vision-language model's image pads / vision markers: never sampled (see sampling.py)
+        self.suppress_token_ids = vision_token_ids(model)
 
     def _default_eos(self) -> Any:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -129,8 +149,10 @@ class TorchRollout(BaseRollout):
 
     # ---- sampling settings -------------------------------------------------------------------
     def sampling_params(self, meta: Mapping[str, Any]) -> GenerationParams:
-        """Settings for one call: config (or ``val_kwargs`` when ``meta['validate']``) + overrides."""
-        return rollout_sampling(self.config, meta, self.default_eos)
+        """Settings for one call: config (or ``val_kwargs`` when ``meta['validate']``) + overrides;
+        the model's vision tokens suppressed."""
+        params = rollout_sampling(self.config, meta, self.default_eos)
+        return replace(params, suppress_token_ids=self.suppress_token_ids) if self.suppress_token_ids else params
 
     def _check_lengths(self, prompt_len: int, response_len: int) -> None:
         limit = self.config.prompt_length
@@ -164,9 +186,11 @@ class TorchRollout(BaseRollout):
         generator = self.generator
         if F.META_SEED in meta:
             generator = torch.Generator(device=input_ids.device).manual_seed(int(meta[F.META_SEED]))
+        column = prompts.non_tensor_batch.get(F.MULTI_MODAL_INPUTS)
+        images = list(column) if column is not None else None
         desc = meta.get(F.META_PROGRESS_DESC)
         if not desc:
-            out = generate(self.decoder, input_ids, attention_mask, position_ids, params, pad, generator)
+            out = generate(self.decoder, input_ids, attention_mask, position_ids, params, pad, generator, images=images)
             return self._to_dataproto(prompts, params.n, out)
         rows = input_ids.shape[0] * params.n
         with tqdm(total=params.max_new_tokens, desc=desc, unit="tok", leave=False) as bar:
@@ -175,7 +199,9 @@ class TorchRollout(BaseRollout):
                 bar.set_postfix(rows_left=f"{live}/{rows}", refresh=False)
                 bar.update(t - bar.n)
 
-            out = generate(self.decoder, input_ids, attention_mask, position_ids, params, pad, generator, on_token)
+            out = generate(
+                self.decoder, input_ids, attention_mask, position_ids, params, pad, generator, on_token, images
+            )
         return self._to_dataproto(prompts, params.n, out)
 
     def _to_dataproto(self, prompts: DataProto, n: int, out: Generated) -> DataProto:
@@ -187,15 +213,14 @@ class TorchRollout(BaseRollout):
         response_mask = (torch.arange(steps, device=out.lengths.device)[None] < out.lengths[:, None]).to(
             prompt_mask.dtype
         )
-        delta = torch.arange(1, steps + 1, device=prompt_pos.device)
-        response_pos = prompt_pos[:, -1:] + delta[None]
+        response_pos = response_positions(prompt_pos, steps)
         tensors = {
             F.PROMPTS: prompt_ids,
             F.RESPONSES: out.responses,
             F.RESPONSE_MASK: response_mask,
             F.INPUT_IDS: torch.cat([prompt_ids, out.responses], dim=1),
             F.ATTENTION_MASK: torch.cat([prompt_mask, response_mask], dim=1),
-            F.POSITION_IDS: torch.cat([prompt_pos, response_pos], dim=1),
+            F.POSITION_IDS: torch.cat([prompt_pos, response_pos], dim=-1),
             F.ROLLOUT_LOG_PROBS: out.log_probs,
         }
         non_tensors = {key: np.repeat(value, n, axis=0) for key, value in prompts.non_tensor_batch.items()}
