@@ -82,7 +82,9 @@ class BenchSettings:
         if bad:
             raise ValueError(f"these settings must be at least 1: {', '.join(bad)}")
         if self.samples_per_prompt < 2:
-            raise ValueError(f"samples_per_prompt must be at least 2 (GRPO compares samples), got {self.samples_per_prompt}")
+            raise ValueError(
+                f"samples_per_prompt must be at least 2 (GRPO compares samples), got {self.samples_per_prompt}"
+            )
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.rows_per_step % self.micro_batch:
@@ -92,7 +94,9 @@ class BenchSettings:
             )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if (self.budget_s is None) != (self.eval_every_s is None) or (self.budget_s is not None and self.test_file is None):
+        if (self.budget_s is None) != (self.eval_every_s is None) or (
+            self.budget_s is not None and self.test_file is None
+        ):
             raise ValueError("the learning mode needs budget_s, eval_every_s and test_file together")
 
     @property
@@ -114,7 +118,7 @@ class BenchSettings:
         return write_json(path, asdict(self))
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "BenchSettings":
+    def load(cls, path: str | os.PathLike) -> BenchSettings:
         raw = json.loads(Path(path).read_text())
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
@@ -136,8 +140,19 @@ def write_arithmetic_task(out_dir: Path, train_size: int, test_size: int, seed: 
     sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing
     from hybridflow.entrypoints.data import main as data_main
 
-    argv = ["arithmetic", "--out", str(out_dir), "--train-size", str(train_size), "--test-size", str(test_size),
-            "--seed", str(seed), "--digits", str(digits)]
+    argv = [
+        "arithmetic",
+        "--out",
+        str(out_dir),
+        "--train-size",
+        str(train_size),
+        "--test-size",
+        str(test_size),
+        "--seed",
+        str(seed),
+        "--digits",
+        str(digits),
+    ]
     if data_main(argv) != 0:
         raise RuntimeError(f"hybridflow data {' '.join(argv)} failed")
     return out_dir
@@ -170,7 +185,7 @@ class TreeMemorySampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "TreeMemorySampler":
+    def __enter__(self) -> TreeMemorySampler:
         self._thread.start()
         return self
 
@@ -247,9 +262,14 @@ def run_side(side: str, settings: BenchSettings, timeout_s: float | None = None,
     if rc != 0 or not out_path.is_file():
         raise RuntimeError(f"{side} side failed (exit code {rc}); last lines of {log_path}:\n{tail(log_path, 40)}")
     result = json.loads(out_path.read_text())
-    result.update(peak_mem_tree_mb=sampler.peak_tree_bytes / MIB, peak_rss_sampled_mb=sampler.peak_root_bytes / MIB,
-                  wall_s=wall, load_before=load_before,
-                  load_after=os.getloadavg()[0], log=str(log_path))
+    result.update(
+        peak_mem_tree_mb=sampler.peak_tree_bytes / MIB,
+        peak_rss_sampled_mb=sampler.peak_root_bytes / MIB,
+        wall_s=wall,
+        load_before=load_before,
+        load_after=os.getloadavg()[0],
+        log=str(log_path),
+    )
     if echo:
         print(f"  {side}: done in {wall:.0f} s (log: {log_path})")
     return result
@@ -264,8 +284,10 @@ def peak_rss_self_mb() -> tuple[float, float]:
     """``(this process, its waited-for children)`` peak RSS in MiB (``getrusage``; Linux counts KiB)."""
     import resource
 
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
+    return (
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+    )
 
 
 # ---------------------------------------------------------------------------------- statistics
@@ -276,7 +298,7 @@ def summarize_steps(result: dict[str, Any]) -> dict[str, float]:
     ``median_{phase}_s`` for each of :data:`PHASES` (0 when a side skips it) and
     ``median_rest_s`` = step time minus those phases.
     """
-    timed = result["steps"][result["warmup_steps"]:]
+    timed = result["steps"][result["warmup_steps"] :]
     if not timed:
         raise ValueError(f"{result['side']}: no timed steps after {result['warmup_steps']} warm-up step(s)")
     times = [s["step_s"] for s in timed]
@@ -333,9 +355,15 @@ def machine_facts() -> dict[str, Any]:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
-    return {"cpu": cpu_model(), "cpu_flags": reported_flags(cpu_flags()), "cores": os.cpu_count(),
-            "isa_caps": {k: os.environ[k] for k in ISA_CAPS if k in os.environ},
-            "loadavg": list(os.getloadavg()), "python": sys.version.split()[0], **versions}
+    return {
+        "cpu": cpu_model(),
+        "cpu_flags": reported_flags(cpu_flags()),
+        "cores": os.cpu_count(),
+        "isa_caps": {k: os.environ[k] for k in ISA_CAPS if k in os.environ},
+        "loadavg": list(os.getloadavg()),
+        "python": sys.version.split()[0],
+        **versions,
+    }
 
 
 _HARDWARE_SNIPPET = """
@@ -356,7 +384,11 @@ def hardware_facts(dtype: str, max_tokens: int, threads: int) -> dict[str, Any]:
     auto rule prints, torch's CPU capability and the attention kernel for rows of ``max_tokens``."""
     out = subprocess.run(
         [sys.executable, "-c", _HARDWARE_SNIPPET, dtype, str(max_tokens), str(threads)],
-        capture_output=True, text=True, check=True, cwd=REPO_ROOT, env=child_env(threads),
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO_ROOT,
+        env=child_env(threads),
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -387,24 +419,61 @@ def format_speed_report(settings: BenchSettings, hybridflow: dict[str, Any], trl
     ratios = compare(hybridflow, trl)
     rows = [
         ("median step time (s)", hf["median_step_s"], tr["median_step_s"], ratios["step_time_trl_over_hybridflow"]),
-        ("  min / max step (s)", f"{hf['min_step_s']:.2f} / {hf['max_step_s']:.2f}",
-         f"{tr['min_step_s']:.2f} / {tr['max_step_s']:.2f}", ""),
-        ("median rollout time (s)", hf["median_gen_s"], tr["median_gen_s"], ratio(tr["median_gen_s"], hf["median_gen_s"])),
-        ("rollout tokens/s", hf["rollout_tokens_per_s"], tr["rollout_tokens_per_s"],
-         ratios["rollout_tokens_per_s_trl_over_hybridflow"]),
-        *[(f"  median {name} phase (s)", hf[f"median_{name}_s"], tr[f"median_{name}_s"],
-           ratio(tr[f"median_{name}_s"], hf[f"median_{name}_s"])) for name in PHASES if name != "gen"],
-        ("  median rest: update etc. (s)", hf["median_rest_s"], tr["median_rest_s"],
-         ratio(tr["median_rest_s"], hf["median_rest_s"])),
+        (
+            "  min / max step (s)",
+            f"{hf['min_step_s']:.2f} / {hf['max_step_s']:.2f}",
+            f"{tr['min_step_s']:.2f} / {tr['max_step_s']:.2f}",
+            "",
+        ),
+        (
+            "median rollout time (s)",
+            hf["median_gen_s"],
+            tr["median_gen_s"],
+            ratio(tr["median_gen_s"], hf["median_gen_s"]),
+        ),
+        (
+            "rollout tokens/s",
+            hf["rollout_tokens_per_s"],
+            tr["rollout_tokens_per_s"],
+            ratios["rollout_tokens_per_s_trl_over_hybridflow"],
+        ),
+        *[
+            (
+                f"  median {name} phase (s)",
+                hf[f"median_{name}_s"],
+                tr[f"median_{name}_s"],
+                ratio(tr[f"median_{name}_s"], hf[f"median_{name}_s"]),
+            )
+            for name in PHASES
+            if name != "gen"
+        ],
+        (
+            "  median rest: update etc. (s)",
+            hf["median_rest_s"],
+            tr["median_rest_s"],
+            ratio(tr["median_rest_s"], hf["median_rest_s"]),
+        ),
         ("mean response tokens", hf["mean_response_tokens"], tr["mean_response_tokens"], ""),
         ("mean reward (timed steps)", hf["mean_score"], tr["mean_score"], ""),
-        ("peak RSS, main process (MiB)", hybridflow["peak_rss_self_mb"], trl["peak_rss_self_mb"],
-         ratios["peak_rss_trl_over_hybridflow"]),
-        ("peak memory, process tree (MiB)", hybridflow["peak_mem_tree_mb"], trl["peak_mem_tree_mb"],
-         ratios["peak_mem_tree_trl_over_hybridflow"]),
+        (
+            "peak RSS, main process (MiB)",
+            hybridflow["peak_rss_self_mb"],
+            trl["peak_rss_self_mb"],
+            ratios["peak_rss_trl_over_hybridflow"],
+        ),
+        (
+            "peak memory, process tree (MiB)",
+            hybridflow["peak_mem_tree_mb"],
+            trl["peak_mem_tree_mb"],
+            ratios["peak_mem_tree_trl_over_hybridflow"],
+        ),
         ("setup before step 1 (s)", hybridflow["setup_s"], trl["setup_s"], ""),
-        ("1-min load before / after", f"{hybridflow['load_before']:.1f} / {hybridflow['load_after']:.1f}",
-         f"{trl['load_before']:.1f} / {trl['load_after']:.1f}", ""),
+        (
+            "1-min load before / after",
+            f"{hybridflow['load_before']:.1f} / {hybridflow['load_after']:.1f}",
+            f"{trl['load_before']:.1f} / {trl['load_after']:.1f}",
+            "",
+        ),
     ]
     lines = [
         f"GRPO step, {settings.prompts_per_step} prompts × {settings.samples_per_prompt} samples, "
@@ -457,7 +526,7 @@ class LearningClock:
         return self.train_s >= self.budget_s
 
 
-def side_main(run: Callable[["BenchSettings"], dict[str, Any]], doc: str | None, argv: list[str] | None = None) -> int:
+def side_main(run: Callable[[BenchSettings], dict[str, Any]], doc: str | None, argv: list[str] | None = None) -> int:
     """Command line of a side process: ``--settings`` (BenchSettings JSON) in, ``--out`` (result JSON) out."""
     import argparse
 
@@ -497,7 +566,30 @@ def run_logged(cmd: list[str], log: Path, env: dict[str, str]) -> float:
     return wall
 
 
-def plot_unit_curves(png: Path, title: str, xlabel: str, curves: list[tuple[list, list, dict]], legend_loc: str) -> None:
+def follow_metrics(path: Path, start: float, done: threading.Event, stamped: list[dict[str, Any]]) -> None:
+    """Append each new line of ``path`` to ``stamped`` with ``wall_s`` = seconds since ``start``.
+
+    Run in a thread beside a training child: the trainer's metrics lines carry no clock, so
+    the wall time a curve is drawn against is taken here, when the line appears. Polls until
+    ``done`` is set, then reads once more so the last lines are not lost.
+    """
+    seen = 0
+    while True:
+        finished = done.is_set()
+        if path.exists():
+            lines = path.read_text().splitlines()
+            for line in lines[seen:]:
+                if line.strip():
+                    stamped.append({**json.loads(line), "wall_s": time.perf_counter() - start})
+            seen = len(lines)
+        if finished:
+            return
+        time.sleep(0.5)
+
+
+def plot_unit_curves(
+    png: Path, title: str, xlabel: str, curves: list[tuple[list, list, dict]], legend_loc: str
+) -> None:
     """One PNG of curves on a 0..1 axis: ``curves`` are (xs, ys, matplotlib plot kwargs)."""
     import matplotlib
 

@@ -25,7 +25,6 @@ say what the run reached within 15 minutes. Writes ``--out``/r1_zero.json, a cur
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import threading
@@ -35,7 +34,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/common.py
 
-from common import HYBRIDFLOW, REPO_ROOT, child_env, describe_machine, hardware_facts, machine_facts, write_json  # noqa: E402
+from common import (  # noqa: E402
+    HYBRIDFLOW,
+    REPO_ROOT,
+    child_env,
+    describe_machine,
+    follow_metrics,
+    hardware_facts,
+    machine_facts,
+    write_json,
+)
 
 TEMPLATE = "Question: What is 40 + 52?\\nAnswer: 40 + 52 = 92. #### 92\\n\\nQuestion: {question}\\nAnswer:"
 ACC = "val-aux/hybridflow/arithmetic/acc/mean@1"
@@ -85,22 +93,6 @@ def train_command(task: Path, run_dir: Path, args: argparse.Namespace) -> list[s
         f"trainer.validation_data_dir={run_dir / 'validation'}",
         *args.set,
     ]
-
-
-def follow_metrics(path: Path, start: float, done: threading.Event, stamped: list[dict[str, Any]]) -> None:
-    """Append each new metrics line to ``stamped`` with ``wall_s`` = seconds since ``start``."""
-    seen = 0
-    while True:
-        finished = done.is_set()
-        if path.exists():
-            lines = path.read_text().splitlines()
-            for line in lines[seen:]:
-                if line.strip():
-                    stamped.append({**json.loads(line), "wall_s": time.perf_counter() - start})
-            seen = len(lines)
-        if finished:
-            return
-        time.sleep(0.5)
 
 
 def plot(png: Path, title: str, rows: list[dict[str, Any]]) -> None:

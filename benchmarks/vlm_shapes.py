@@ -24,7 +24,6 @@ first training command started. Prints a Markdown table (phase, step, wall s, he
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/common.py
 
-from common import HYBRIDFLOW, REPO_ROOT, child_env, machine_facts, tail, write_json  # noqa: E402
+from common import HYBRIDFLOW, REPO_ROOT, child_env, follow_metrics, machine_facts, tail, write_json  # noqa: E402
 
 ACC_PREFIX = "val-core/hybridflow/shapes/"
 
@@ -105,22 +104,6 @@ def grpo_command(model: Path, task: Path, run_dir: Path, args: argparse.Namespac
         f"trainer.default_local_dir={run_dir}",
         *args.set,
     ]
-
-
-def follow_metrics(path: Path, start: float, done: threading.Event, stamped: list[dict[str, Any]]) -> None:
-    """Append each new line of ``path`` to ``stamped`` with ``wall_s`` = seconds since ``start``."""
-    seen = 0
-    while True:
-        finished = done.is_set()
-        if path.exists():
-            lines = path.read_text().splitlines()
-            for line in lines[seen:]:
-                if line.strip():
-                    stamped.append({**json.loads(line), "wall_s": time.perf_counter() - start})
-            seen = len(lines)
-        if finished:
-            return
-        time.sleep(0.5)
 
 
 def run_stamped(cmd: list[str], run_dir: Path, log: Path, env: dict[str, str], start: float) -> list[dict[str, Any]]:

@@ -15,6 +15,22 @@ REPO_ROOT = str(Path(__file__).resolve().parents[1])
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
+
+def _share_cores_between_xdist_workers() -> None:
+    """Under ``pytest -n N`` each worker gets its share of the cores for torch's intra-op threads
+    (and so do the processes a test starts: they inherit the environment), instead of N workers
+    each running one thread per core and waiting for each other's descheduled threads. Set
+    before torch is imported; a thread count the caller set explicitly is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers < 2:
+        return
+    share = str(max(1, (os.cpu_count() or 1) // workers))
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(name, share)
+
+
+_share_cores_between_xdist_workers()
+
 # Property tests draw the same examples on every run (the suite is deterministic): a failure found
 # once is found again, on every CPU kind. Exploring new examples is a deliberate local run with
 # HYPOTHESIS_PROFILE=explore.

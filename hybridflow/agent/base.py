@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from hybridflow import fields as F
+from hybridflow.agent.images import VisionTokens
 from hybridflow.inference.protocol import SamplingParams, TokenClient
 from hybridflow.tools.base import BaseTool
 from hybridflow.utils.errors import InputError
@@ -65,19 +66,23 @@ class AgentLoopOutput:
     turn_scores: list[float] = field(default_factory=list)
     tool_rewards: list[float] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    prompt_positions: Any = None  # a prompt with images: its 3-D positions (3, len(prompt_ids)), a tensor
 
 
 @dataclass(frozen=True)
 class AgentContext:
     """What every loop of a run shares: the client, the tokenizer (with its chat template),
     the response budget in tokens (model and inserted tokens together), the run's tools,
-    and keyword arguments for ``apply_chat_template``."""
+    keyword arguments for ``apply_chat_template``, and — for a vision-language model whose
+    client takes images — its :class:`~hybridflow.agent.images.VisionTokens` (None: rows with
+    images are refused)."""
 
     client: TokenClient
     tokenizer: Any
     response_length: int
     tools: Mapping[str, BaseTool] = field(default_factory=dict)
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    vision: VisionTokens | None = None
 
     def __post_init__(self) -> None:
         if self.response_length < 1:
@@ -145,15 +150,13 @@ def has_images(row: Mapping[str, Any]) -> bool:
 
 
 def refuse_images(row: Mapping[str, Any], loop_name: str) -> None:
-    """A clear error for an image row reaching a loop: the agent loops talk to token clients,
-    which take token ids only, so the row's images would be dropped and its image tokens fed
-    without pixels. (The built-in rollout serves image rows of ``single_turn_agent`` with its
-    image-taking sampler before they reach the loop; see ``workers/rollout/agent_loop.py``.)"""
+    """A clear error for an image row reaching a loop that does not pass images to its client
+    (a user loop may call it): its image tokens would be fed without the pixels. The built-in
+    loops pass them (``hybridflow/agent/images.py``)."""
     if has_images(row):
         raise ValueError(
-            f"{loop_name} cannot take rows with images yet: its client generates from token ids only, "
-            "without the pixels; image rows are supported by the built-in rollout's single_turn_agent "
-            "(rollout.name=torch), not by tool_agent, user agent loops, partial rollout or server engines"
+            f"{loop_name} cannot take rows with images: it sends token ids only, without the pixels; "
+            "single_turn_agent and tool_agent on the built-in rollout (rollout.name=torch) take image rows"
         )
 
 

@@ -9,6 +9,9 @@ from a plain one: the tensors are the same fields with the same shapes and paddi
     input_ids (B, P+T)        prompts ‖ responses
     attention_mask (B, P+T)   1 on every real token, inserted ones included
     position_ids (B, P+T)     prompt positions, then last prompt position + 1, + 2, …
+                              (B, 3, P+T) when a trajectory's prompt has images: its 3-D
+                              positions, then its largest + 1, + 2, … on every axis; text rows
+                              count up alike on all three axes
     rollout_log_probs (B, T)  the sampler's log-prob on model tokens, 0 elsewhere
 
 — and the non-tensor columns ``__num_turns__``, ``tool_call_counts``, ``turn_scores``,
@@ -29,6 +32,7 @@ import torch
 from hybridflow import fields as F
 from hybridflow.agent.base import AgentLoopOutput
 from hybridflow.data.rl_dataset import left_pad
+from hybridflow.inference.positions import response_positions
 from hybridflow.protocol import DataProto
 from hybridflow.protocol.rows import object_array
 
@@ -119,12 +123,26 @@ def collate_trajectories(
     """
     if not outputs:
         raise ValueError("collate_trajectories needs at least one trajectory")
+    _check_images_sent(outputs, (non_tensors or {}).get(F.MULTI_MODAL_INPUTS))
     prompt_parts, response_parts = _padded_rows(outputs, prompt_length, response_length, pad_token_id)
     tensors = _rollout_tensors(prompt_parts, response_parts, response_length)
     columns = _non_tensor_columns(outputs, non_tensors)
     meta = dict(meta_info or {})
     meta["metrics"] = agent_loop_metrics(outputs)
     return DataProto.from_dict(tensors=tensors, non_tensors=columns, meta_info=meta)
+
+
+def _check_images_sent(outputs: Sequence[AgentLoopOutput], images: Any) -> None:
+    """A row with images whose loop sent no images to its client (no ``prompt_positions``) was
+    generated from its image tokens without the pixels: an error naming the trajectory."""
+    if images is None:
+        return
+    for i, (out, inputs) in enumerate(zip(outputs, images, strict=False)):
+        if inputs and out.prompt_positions is None:
+            raise TrajectoryError(
+                f"trajectory {i}: the row has images but its loop sent none (prompt_positions unset); a loop "
+                "must pass images=PromptImages(...) with its requests (hybridflow/agent/images.py) or refuse the row"
+            )
 
 
 def _padded_rows(
@@ -154,8 +172,29 @@ def _padded_rows(
         response_attention[i, :n] = 1
         response_mask[i, :n] = torch.tensor(out.response_mask, dtype=torch.long)
         log_probs[i, :n] = torch.tensor(out.response_log_probs, dtype=torch.float32)
-    prompt_tensors = (torch.stack(prompts), torch.stack(prompt_masks), torch.stack(prompt_positions))
+    positions = torch.stack(prompt_positions)
+    if any(out.prompt_positions is not None for out in outputs):
+        positions = _positions_3d(outputs, positions)
+    prompt_tensors = (torch.stack(prompts), torch.stack(prompt_masks), positions)
     return prompt_tensors, (responses, response_attention, response_mask, log_probs)
+
+
+def _positions_3d(outputs: Sequence[AgentLoopOutput], text: torch.Tensor) -> torch.Tensor:
+    """(B, 3, P) prompt positions: an image prompt's own, left-padded (0 on padding, as the
+    dataset's); a text prompt's (B, P) ones on all three axes."""
+    positions = text[:, None, :].expand(-1, 3, -1).clone()
+    width = text.shape[1]
+    for i, out in enumerate(outputs):
+        if out.prompt_positions is None:
+            continue
+        own = torch.as_tensor(out.prompt_positions, dtype=torch.long)
+        if tuple(own.shape) != (3, len(out.prompt_ids)):
+            raise TrajectoryError(
+                f"trajectory {i}: prompt_positions must be (3, {len(out.prompt_ids)}), got {tuple(own.shape)}"
+            )
+        positions[i] = 0
+        positions[i, :, width - own.shape[1] :] = own
+    return positions
 
 
 def _rollout_tensors(
@@ -164,7 +203,7 @@ def _rollout_tensors(
     """The plain rollout's fields (module docstring) from the padded prompt and response parts."""
     prompt_ids, prompt_mask, prompt_pos = prompt_parts
     responses, response_attention, response_mask, log_probs = response_parts
-    response_pos = prompt_pos[:, -1:] + torch.arange(1, response_length + 1, dtype=prompt_pos.dtype)[None]
+    response_pos = response_positions(prompt_pos, response_length)
     attention_mask = torch.cat([prompt_mask, response_attention], dim=1)
     if bool((response_mask > response_attention).any()):
         raise TrajectoryError("response_mask is 1 where attention_mask is 0")
@@ -174,7 +213,7 @@ def _rollout_tensors(
         F.RESPONSE_MASK: response_mask,
         F.INPUT_IDS: torch.cat([prompt_ids, responses], dim=1),
         F.ATTENTION_MASK: attention_mask,
-        F.POSITION_IDS: torch.cat([prompt_pos, response_pos], dim=1),
+        F.POSITION_IDS: torch.cat([prompt_pos, response_pos], dim=-1),
         F.ROLLOUT_LOG_PROBS: log_probs,
     }
 

@@ -15,6 +15,11 @@ tokens are never re-tokenized. Call problems — unreadable blocks, unknown tool
 arguments, exceptions, timeouts, calls beyond ``max_parallel_calls`` — go back to the model
 as tool messages, so a step always completes. When the chat template ignores ``tools``, the
 tools and the call format are described in the system prompt.
+
+A row with images (``multi_modal_inputs``) is rendered with its ``<image>`` placeholders as
+image parts, each image pad expanded to its image's tokens, and every turn's request carries
+the same :class:`~hybridflow.inference.protocol.PromptImages`: tool results and later turns are
+text after the images, their 3-D positions continuing from the prompt's largest + 1.
 """
 
 from __future__ import annotations
@@ -29,12 +34,13 @@ from hybridflow.agent.base import (
     AgentContext,
     AgentLoopBase,
     AgentLoopOutput,
-    refuse_images,
     row_messages,
 )
+from hybridflow.agent.images import expand_image_tokens, prompt_images, row_image_inputs
 from hybridflow.agent.parsers import ParsedTurn, get_tool_parser
 from hybridflow.agent.tokens import IncrementalRenderer, template_facts
-from hybridflow.inference.protocol import SamplingParams
+from hybridflow.data.multimodal import to_processor_messages
+from hybridflow.inference.protocol import PromptImages, SamplingParams
 from hybridflow.tools.calls import ToolCallResult, ToolSession, truncate_tool_text
 
 MAX_REPORTED_PARSE_ERRORS = 3
@@ -104,7 +110,7 @@ class ToolAgentLoop(AgentLoopBase):
         self.tool_schemas = [tool.schema for tool in self.tools.values()]
 
     async def run(self, sampling: SamplingParams, **row: Any) -> AgentLoopOutput:
-        refuse_images(row, "tool_agent")
+        inputs = row_image_inputs(row)
         messages = row_messages(row, "tool_agent")
         renderer = IncrementalRenderer(self.tokenizer, self.tool_schemas or None, self.context.chat_template_kwargs)
         messages = tool_prompt_messages(
@@ -114,7 +120,14 @@ class ToolAgentLoop(AgentLoopBase):
             format=self.format,
             chat_template_kwargs=self.context.chat_template_kwargs,
         )
-        prompt_ids = renderer.prompt_ids(messages)
+        images: PromptImages | None = None
+        if inputs:
+            prompt_ids = renderer.prompt_ids(to_processor_messages(messages))
+            if self.context.vision is not None:
+                prompt_ids = expand_image_tokens(prompt_ids, inputs["image_grid_thw"], self.context.vision)
+            images = prompt_images(prompt_ids, inputs, self.context.vision, "tool_agent")
+        else:
+            prompt_ids = renderer.prompt_ids(messages)
         session = ToolSession(
             self.tools,
             row.get("tools_kwargs"),
@@ -125,7 +138,7 @@ class ToolAgentLoop(AgentLoopBase):
         )
         state = _Trajectory()
         try:
-            await self._loop(sampling, prompt_ids, renderer, session, state)
+            await self._loop(sampling, prompt_ids, renderer, session, state, images)
         finally:
             await session.release()
         state.drop_trailing_context()
@@ -138,6 +151,7 @@ class ToolAgentLoop(AgentLoopBase):
             tool_call_counts=state.tool_calls,
             tool_rewards=state.tool_rewards,
             metrics=state.metrics,
+            prompt_positions=images.positions if images is not None else None,
         )
 
     async def _loop(
@@ -147,14 +161,16 @@ class ToolAgentLoop(AgentLoopBase):
         renderer: IncrementalRenderer,
         session: ToolSession,
         state: _Trajectory,
+        images: PromptImages | None = None,
     ) -> None:
+        extra = {"images": images} if images is not None else {}  # every turn: text after the same images
         while True:
             budget = self.response_length - len(state.ids)
             if budget <= 0:
                 return
             started = time.perf_counter()
             turn_sampling = sampling.for_request(state.assistant_turns)  # each turn its own random stream
-            out = await self.client.generate(self.request_id, prompt_ids + state.ids, turn_sampling, budget)
+            out = await self.client.generate(self.request_id, prompt_ids + state.ids, turn_sampling, budget, **extra)
             state.metrics["generate_sequences"] += time.perf_counter() - started
             generated = list(out.token_ids[:budget])
             state.add_model_tokens(generated, out.log_probs[: len(generated)])

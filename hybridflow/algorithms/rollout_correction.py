@@ -215,19 +215,25 @@ def rollout_corr_diagnostics(
         "chi2_seq": torch.exp(2 * seq_delta).mean() - 1.0,
     }
     if weights is not None:
-        on = mask > 0
-        values = weights[on]
-        mean = values.mean()
-        upper, lower = _parse_bounds(rollout_is_threshold, "rollout_is_threshold")
-        clamped = values.clamp(min=1.0 / upper if lower is None else lower, max=upper)
-        metrics |= {
-            "rollout_is_mean": mean,
-            "rollout_is_std": values.std(unbiased=False),
-            "rollout_is_min": values.min(),
-            "rollout_is_max": values.max(),
-            "rollout_is_eff_sample_size": 1.0 / (clamped / (clamped.mean() + 1e-8)).square().mean(),
-        }
+        metrics |= _is_weight_stats(weights, mask, rollout_is_threshold)
     return {key: value.detach() for key, value in metrics.items()}
+
+
+def _is_weight_stats(
+    weights: torch.Tensor, mask: torch.Tensor, rollout_is_threshold: float | str
+) -> dict[str, torch.Tensor]:
+    """``rollout_is_*`` of :func:`rollout_corr_diagnostics`: the weights over the response tokens,
+    and the effective sample size of the weights clamped to the threshold's bounds."""
+    values = weights[mask > 0]
+    upper, lower = _parse_bounds(rollout_is_threshold, "rollout_is_threshold")
+    clamped = values.clamp(min=1.0 / upper if lower is None else lower, max=upper)
+    return {
+        "rollout_is_mean": values.mean(),
+        "rollout_is_std": values.std(unbiased=False),
+        "rollout_is_min": values.min(),
+        "rollout_is_max": values.max(),
+        "rollout_is_eff_sample_size": 1.0 / (clamped / (clamped.mean() + 1e-8)).square().mean(),
+    }
 
 
 def compute_rollout_correction(

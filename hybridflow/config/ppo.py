@@ -73,7 +73,7 @@ class DataConfig:
     image_key: str = setting(
         "images",
         "column holding each row's images (verl's multimodal layout: one per `<image>` placeholder of the prompt); "
-        "rows with images need a vision-language model, and hybridflow train refuses them until generation takes images (docs/vision.md)",
+        "rows with images need a vision-language model with its processor (docs/vision.md)",
     )
     video_key: str = setting(
         "videos", "column holding each row's videos; a row with videos is an error (not supported yet)"
@@ -290,15 +290,22 @@ class TrainerConfig:
         factory=lambda: ("console",), help="tracking backends: console, jsonl, tensorboard, wandb"
     )
     log_val_generations: int = setting(0, "validation generations written to the log each validation", ge=0)
-    rollout_data_dir: str | None = setting(None, "write each step's prompts, responses and scores as JSONL here")
+    rollout_data_dir: str | None = setting(
+        None,
+        "write each step's prompts, responses and scores as JSONL here; null = off, except the main job "
+        "(the built-in task's default train_files): default_local_dir/rollouts",
+    )
     rollout_token_rows: int = setting(
         0,
-        "rows per step of the rollout dump that also carry per-token values (tokens, advantages, log-probs, "
+        "rows per step of the rollout dump that also carry per-token values (tokens, advantages, log-probs, entropy, "
         "IS weights) for hybridflow view; needs rollout_data_dir",
         ge=0,
         le=256,
     )
-    validation_data_dir: str | None = setting(None, "write validation generations as JSONL here")
+    validation_data_dir: str | None = setting(
+        None,
+        "write validation generations as JSONL here; null = off, except the main job: default_local_dir/validation",
+    )
     nnodes: int = setting(1, "machines", ge=1)
     n_gpus_per_node: int = setting(1, "worker processes per machine (GPUs, or CPU processes)", ge=1)
     device: Literal["auto", "cpu", "cuda"] = setting("auto", "device: auto = cuda if available, else cpu")

@@ -70,7 +70,7 @@ def resolve_ppo_config(cfg: PPOConfig) -> PPOConfig:
         data=_resolve_data(cfg),
         actor_rollout_ref=new_arr,
         critic=_resolve_critic(cfg.critic, new_arr, needs_values),
-        trainer=_resolve_trainer(cfg.trainer),
+        trainer=_resolve_trainer(cfg.trainer, main_job=cfg.data.train_files == DataConfig().train_files),
     )
 
 
@@ -151,6 +151,23 @@ def _resolve_critic(critic: CriticConfig, arr: ActorRolloutRefConfig, needs_valu
     )
 
 
-def _resolve_trainer(trainer: TrainerConfig) -> TrainerConfig:
-    default_dir = f"checkpoints/{trainer.project_name}/{trainer.experiment_name}"
-    return replace(trainer, default_local_dir=_or(trainer.default_local_dir, default_dir))
+# Rows of the main job's per-step dump that carry per-token values (a few KB a step).
+MAIN_JOB_TOKEN_ROWS = 8
+
+
+def _resolve_trainer(trainer: TrainerConfig, main_job: bool) -> TrainerConfig:
+    """``default_local_dir`` null = ``checkpoints/{project}/{experiment}``. The main job (the
+    built-in task's default ``data.train_files``) also records its rollouts and validation
+    generations in that folder — tiny at its size — so ``hybridflow view`` shows them; with any
+    other data the dumps stay off unless set, as in verl (a job's full dump can be large)."""
+    run_dir = _or(trainer.default_local_dir, f"checkpoints/{trainer.project_name}/{trainer.experiment_name}")
+    if not main_job:
+        return replace(trainer, default_local_dir=run_dir)
+    return replace(
+        trainer,
+        default_local_dir=run_dir,
+        rollout_data_dir=_or(trainer.rollout_data_dir, f"{run_dir}/rollouts"),
+        validation_data_dir=_or(trainer.validation_data_dir, f"{run_dir}/validation"),
+        rollout_token_rows=trainer.rollout_token_rows
+        or (MAIN_JOB_TOKEN_ROWS if trainer.rollout_data_dir is None else 0),
+    )

@@ -185,6 +185,23 @@ def check_media_counts(
         )
 
 
+def decode_checked_images(
+    processor: Any,
+    messages: Sequence[Mapping[str, Any]],
+    images: Any,
+    videos: Any,
+    fail_images: Fail,
+    fail_videos: Fail,
+    base_dir: Path | None = None,
+) -> list[Image.Image]:
+    """A row's images decoded (bounded by the processor's ``max_pixels``), then checked against
+    its placeholders: the order every dataset follows, so a broken image is reported as such
+    rather than as a count mismatch."""
+    decoded = decode_images(images, fail_images, base_dir=base_dir, max_pixels=processor_max_pixels(processor))
+    check_media_counts(messages, len(decoded), videos, fail_images, fail_videos)
+    return decoded
+
+
 def render_prompt(
     processor: Any, messages: Sequence[Mapping[str, Any]], chat_template_kwargs: Mapping[str, Any] | None = None
 ) -> str:
@@ -260,3 +277,11 @@ def rope_index(
     if pieces:
         positions[:, attention_mask.bool()] = torch.cat(pieces, dim=1)
     return positions
+
+
+def processor_rope_index(
+    processor: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, image_grid_thw: torch.Tensor | None
+) -> torch.Tensor:
+    """:func:`rope_index` of one padded row with the processor's image token and merge size."""
+    token_id, merge_size = rope_settings(processor)
+    return rope_index(input_ids, attention_mask, image_grid_thw, image_token_id=token_id, spatial_merge_size=merge_size)

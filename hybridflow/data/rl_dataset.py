@@ -25,11 +25,9 @@ from hybridflow.data.multimodal import (
     Fail,
     MultimodalPrompt,
     check_media_counts,
-    decode_images,
+    decode_checked_images,
     encode_multimodal_prompt,
-    processor_max_pixels,
-    rope_index,
-    rope_settings,
+    processor_rope_index,
 )
 from hybridflow.data.prompt_text import prompt_token_ids
 from hybridflow.data.schema import ABILITY, AGENT_NAME, PROMPT_KEY, DataRowError, RLRow, validate_rl_row
@@ -219,12 +217,14 @@ class RLDataset(Dataset):
 
     def _encode_row(self, file: str, row_index: int, row: RLRow, images: Any, videos: Any = None) -> MultimodalPrompt:
         """Decode the row's images, check them against its placeholders, run the processor."""
-        fail_images = self._row_fail(file, row_index, self.image_key)
-        decoded = decode_images(
-            images, fail_images, base_dir=Path(file).parent, max_pixels=processor_max_pixels(self.processor)
-        )
-        check_media_counts(
-            row.messages, len(decoded), videos, fail_images, self._row_fail(file, row_index, self.video_key)
+        decoded = decode_checked_images(
+            self.processor,
+            row.messages,
+            images,
+            videos,
+            self._row_fail(file, row_index, self.image_key),
+            self._row_fail(file, row_index, self.video_key),
+            base_dir=Path(file).parent,
         )
         return encode_multimodal_prompt(self.processor, row.messages, decoded, self._chat_template_kwargs)
 
@@ -297,13 +297,8 @@ class RLDataset(Dataset):
         prompt = self._encode_row(file, row_index, self._rows[item], images)
         if prompt.input_ids != self._ids[item]:  # an image file changed since the dataset was built
             raise DataRowError(file, row_index, self.image_key or "", "its images changed since the dataset was loaded")
-        token_id, merge_size = rope_settings(self.processor)
-        out[F.POSITION_IDS] = rope_index(
-            out[F.INPUT_IDS],
-            out[F.ATTENTION_MASK],
-            prompt.multi_modal_inputs.get("image_grid_thw"),
-            image_token_id=token_id,
-            spatial_merge_size=merge_size,
+        out[F.POSITION_IDS] = processor_rope_index(
+            self.processor, out[F.INPUT_IDS], out[F.ATTENTION_MASK], prompt.multi_modal_inputs.get("image_grid_thw")
         )
         out[MULTI_MODAL_DATA] = prompt.multi_modal_data
         out[MULTI_MODAL_INPUTS] = prompt.multi_modal_inputs

@@ -55,10 +55,11 @@ from hybridflow.data.io import DataFileError, read_rows
 from hybridflow.data.multimodal import (
     MULTI_MODAL_INPUTS,
     check_media_counts,
+    decode_checked_images,
     decode_images,
     encode_multimodal_prompt,
     processor_max_pixels,
-    rope_index,
+    processor_rope_index,
     rope_settings,
     to_processor_messages,
 )
@@ -385,9 +386,16 @@ class SFTDataset(Dataset):
                 "whose folder has an image processor (preprocessor_config.json)"
             )
         images = row.get(self.image_key) if self.image_key else None
-        decoded = self._decode(file, index, images)
         videos = row.get(self.video_key) if self.video_key else None
-        check_media_counts(messages, len(decoded), videos, fail_images, self._fail(file, index, self.video_key))
+        decoded = decode_checked_images(
+            self.processor,
+            messages,
+            images,
+            videos,
+            fail_images,
+            self._fail(file, index, self.video_key),
+            base_dir=Path(file).parent,
+        )
         try:
             ids, mask, inputs = tokenize_image_conversation(
                 self.processor, self.tokenizer, messages, decoded, first_trained, self._kwargs, tools
@@ -419,10 +427,7 @@ class SFTDataset(Dataset):
         grid = inputs.get("image_grid_thw")
         if ([] if grid is None else grid.tolist()) != media.grids:
             raise self._fail(media.file, media.index, self.image_key)("its images changed since the dataset was loaded")
-        token_id, merge_size = rope_settings(self.processor)
-        out[F.POSITION_IDS] = rope_index(
-            out[F.INPUT_IDS], out[F.ATTENTION_MASK], grid, image_token_id=token_id, spatial_merge_size=merge_size
-        )
+        out[F.POSITION_IDS] = processor_rope_index(self.processor, out[F.INPUT_IDS], out[F.ATTENTION_MASK], grid)
         out[MULTI_MODAL_INPUTS] = inputs
 
     def token_ids(self, item: int) -> tuple[list[int], list[int]]:

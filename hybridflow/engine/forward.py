@@ -282,12 +282,7 @@ def response_log_probs(
         )
     entropy_needs_grad = calculate_entropy and entropy_requires_grad and torch.is_grad_enabled()
     if not (entropy_needs_grad or calculate_sum_pi_squared):
-        # The common case: one fused pass per chunk of rows (fused_log_probs, chunked_lm_head).
-        log_probs, entropy = _token_log_probs(module, call, temperature, calculate_entropy)
-        result = {"log_probs": finish(log_probs)}
-        if entropy is not None:
-            result["entropy"] = finish(entropy)
-        return result
+        return _fused_outputs(module, call, temperature, calculate_entropy)
     logits = call.run().logits.float()  # the low-precision logits are a temporary, freed before the ops below
     return _float32_outputs(
         logits,
@@ -299,6 +294,18 @@ def response_log_probs(
         calculate_sum_pi_squared,
         entropy_requires_grad,
     )
+
+
+def _fused_outputs(
+    module: torch.nn.Module, call: _ModelCall, temperature: float, calculate_entropy: bool
+) -> dict[str, torch.Tensor]:
+    """The common case of :func:`response_log_probs`: one fused pass per chunk of rows
+    (fused_log_probs, chunked_lm_head), never holding the whole batch's float32 logits."""
+    log_probs, entropy = _token_log_probs(module, call, temperature, calculate_entropy)
+    result = {"log_probs": call.finish(log_probs)}
+    if entropy is not None:
+        result["entropy"] = call.finish(entropy)
+    return result
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@
 ``test`` compares tensor by tensor: the same names, the same shapes, values within
 ``|a - b| ≤ atol + rtol·|b|`` (computed in fp32). ``--local_dir`` may be an exported folder or
 a checkpoint (merged in memory first). Full models are compared through
-``AutoModelForCausalLM.from_pretrained`` (so sharding, ``.bin`` vs safetensors and tied weights
+``AutoModelForCausalLM.from_pretrained`` (``AutoModelForImageTextToText`` for a vision-language
+folder, so sharding, ``.bin`` vs safetensors and tied weights
 do not matter); adapter folders by their ``adapter_model`` tensors. Exit status: 0 equal,
 1 different, 2 bad input.
 """

@@ -323,8 +323,10 @@ def _eos_ids(tokenizer, model) -> tuple[int, ...]:
 
 
 def build_state(args: argparse.Namespace) -> ServerState:
-    """Load the model and tokenizer and wire the engine (not started yet)."""
+    """Load the model and tokenizer (and a vision-language model's processor, which chat
+    ``image_url`` parts need) and wire the engine (not started yet)."""
     from hybridflow.agent.parsers import get_tool_parser
+    from hybridflow.models.loader import load_vision_processor
     from hybridflow.server.checks import ServerLimits
     from hybridflow.server.security import parse_allowed_hosts
     from hybridflow.server.state import ServerState
@@ -358,6 +360,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
         control_routes=args.control_routes,
         max_weight_bucket_bytes=int(args.max_weight_bucket_mb * 1024 * 1024),
         control_token=args.control_token,
+        processor=load_vision_processor(args.model),  # chat image_url parts need it
     )
 
 

@@ -105,17 +105,14 @@ def sft_attn_implementation(config: SFTConfig, device: str | torch.device) -> st
     return packed_name(base) if config.model.use_remove_padding else base
 
 
-def build_sft_trainer(config: SFTConfig) -> SFTTrainer:
-    """Everything :class:`SFTTrainer` needs, built from the config. Under torchrun this process
-    joins the ranks' process group first (every rank builds the same model from the same seed)."""
-    ranks, device = init_data_parallel(resolve_device(config.trainer.device))
-    torch.manual_seed(config.trainer.seed)
-    model_cfg, data = config.model, config.data
-    check_data_files({"data.train_files": tuple(data.train_files), "data.val_files": tuple(data.val_files)})
+def load_sft_model(config: SFTConfig, device: str | torch.device) -> tuple[torch.nn.Module, Any]:
+    """The model (full or LoRA) and its tokenizer, with ``model.custom_chat_template`` applied.
+    Parameters stay fp32: ``model.dtype=bf16`` trains under bf16 autocast (see build_engine)."""
+    model_cfg = config.model
     target_modules = model_cfg.target_modules
     module, tokenizer = load_model_and_tokenizer(
         model_cfg.path,
-        dtype="fp32",  # parameters stay fp32; dtype=bf16 trains under bf16 autocast (see build_engine)
+        dtype="fp32",
         gradient_checkpointing=model_cfg.enable_gradient_checkpointing,
         lora_rank=model_cfg.lora_rank,
         lora_alpha=model_cfg.lora_alpha,
@@ -125,6 +122,17 @@ def build_sft_trainer(config: SFTConfig) -> SFTTrainer:
     )
     if model_cfg.custom_chat_template is not None:
         tokenizer.chat_template = model_cfg.custom_chat_template
+    return module, tokenizer
+
+
+def build_sft_trainer(config: SFTConfig) -> SFTTrainer:
+    """Everything :class:`SFTTrainer` needs, built from the config. Under torchrun this process
+    joins the ranks' process group first (every rank builds the same model from the same seed)."""
+    ranks, device = init_data_parallel(resolve_device(config.trainer.device))
+    torch.manual_seed(config.trainer.seed)
+    model_cfg, data = config.model, config.data
+    check_data_files({"data.train_files": tuple(data.train_files), "data.val_files": tuple(data.val_files)})
+    module, tokenizer = load_sft_model(config, device)
     processor = load_processor(resolve_model_path(model_cfg.path))
     train_loader, val_loader = build_sft_loaders(config, tokenizer, processor)
     total_steps = config.trainer.total_training_steps or len(train_loader) * config.trainer.total_epochs

@@ -2,8 +2,8 @@
 the rest of the configuration.
 
 Rows with images (verl's multimodal layout, ``docs/vision.md``) train through the built-in
-rollout, which prefills each prompt with its pixels, and the actor / reference forward, which
-take them too. What does not take images yet is refused here, at start-up, with the missing
+rollout (the plain sampler and the agent loops, synchronous or asynchronous, prefill each prompt
+with its pixels) and the actor / reference / critic forward, which take them too. What does not take images yet is refused here, at start-up, with the missing
 piece named — never a silent drop of the pixels at step 1.
 """
 
@@ -14,10 +14,6 @@ from typing import Any
 from hybridflow.config import ConfigError, PPOConfig
 from hybridflow.data import RLDataset, StatefulDataLoader
 from hybridflow.entrypoints.common import build_datasets_validated
-
-# The agent loop that may serve image rows: the built-in rollout answers them with its own
-# image-taking sampler (workers/rollout/agent_loop.py).
-IMAGE_AGENT_LOOP = "single_turn_agent"
 
 
 def build_loaders(
@@ -85,21 +81,6 @@ def image_training_problems(config: PPOConfig) -> list[str]:
         problems.append(
             "actor_rollout_ref.rollout.checkpoint_engine.backend=http: a served rollout takes token ids only, "
             "not images"
-        )
-    if config.async_training.mode != "sync" or config.async_training.partial_rollout:
-        problems.append(
-            f"async_training (mode={config.async_training.mode}): asynchronous training generates through the "
-            "agent engine, which takes token ids only; use async_training.mode=sync"
-        )
-    if rollout.multi_turn.enable and rollout.agent.default_agent_loop != IMAGE_AGENT_LOOP:
-        problems.append(
-            f"actor_rollout_ref.rollout.agent.default_agent_loop={rollout.agent.default_agent_loop}: only "
-            f"{IMAGE_AGENT_LOOP} takes rows with images (tool turns with images are not built)"
-        )
-    if config.critic.enable:
-        problems.append(
-            "critic.enable (a value model, e.g. algorithm.adv_estimator=gae): a critic on a vision-language model "
-            "is not built (load_value_model takes causal LMs only); use a critic-free estimator such as grpo"
         )
     if config.distillation.enabled:
         problems.append("distillation: the teachers' forward does not take the rows' images")

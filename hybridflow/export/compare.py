@@ -2,8 +2,9 @@
 
 Tensor by tensor: the same names, the same shapes, values within ``|a - b| ≤ atol + rtol·|b|``
 (computed in fp32). A candidate may be an exported folder or a checkpoint (merged in memory
-first). Full models are compared through ``AutoModelForCausalLM.from_pretrained`` (so sharding,
-``.bin`` vs safetensors and tied weights do not matter); adapter folders by their
+first). Full models are compared as ``from_pretrained`` loads them (so sharding, ``.bin`` vs
+safetensors and tied weights do not matter): ``AutoModelForCausalLM``, or
+``AutoModelForImageTextToText`` for a vision-language folder (Qwen2-VL); adapter folders by their
 ``adapter_model`` tensors.
 """
 
@@ -17,7 +18,6 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
 
 from hybridflow.engine.checkpoint import pickle_refusal
 from hybridflow.export.reader import (
@@ -27,7 +27,12 @@ from hybridflow.export.reader import (
     merged_model,
 )
 from hybridflow.models.hf_metadata import ADAPTER_CONFIG_FILE, CONFIG_FILE
-from hybridflow.models.loader import WEIGHT_LOAD_ERRORS, weights_load_error
+from hybridflow.models.loader import (
+    WEIGHT_LOAD_ERRORS,
+    causal_lm_auto_class,
+    is_vision_language_folder,
+    weights_load_error,
+)
 
 ADAPTER_WEIGHT_FILES: tuple[str, ...] = ("adapter_model.safetensors", "adapter_model.bin")
 
@@ -97,7 +102,8 @@ def folder_state_dict(path: str | os.PathLike, trust_remote_code: bool = False) 
     if not (path / CONFIG_FILE).is_file():
         return _adapter_tensors(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        auto_class = causal_lm_auto_class(is_vision_language_folder(path))
+        model = auto_class.from_pretrained(
             path, dtype="auto", local_files_only=True, trust_remote_code=trust_remote_code
         )
     except WEIGHT_LOAD_ERRORS as err:

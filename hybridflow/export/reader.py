@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+from transformers import AutoConfig, GenerationConfig
 
 from hybridflow.engine.checkpoint import MODEL_FILE
 from hybridflow.engine.fsdp_checkpoint import is_fsdp_checkpoint, read_full_model_state
@@ -42,6 +42,7 @@ from hybridflow.models.hf_metadata import (
     GENERATION_CONFIG_FILE,
     HF_CONFIG_DIR,
 )
+from hybridflow.models.loader import causal_lm_auto_class, is_vision_language_config
 from hybridflow.trainer import checkpoint as ckpt
 from hybridflow.trainer.checkpoint import LATEST_FILE
 from hybridflow.utils.errors import InputError
@@ -228,7 +229,8 @@ def build_model(source: CheckpointSource, trust_remote_code: bool = False) -> to
     if lora_config is not None and lora_config.base_model_name_or_path:
         # peft re-points the adapter at the model's name_or_path: keep the real base model
         config.name_or_path = lora_config.base_model_name_or_path
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    auto_class = causal_lm_auto_class(is_vision_language_config(config))  # Qwen2-VL: the conditional-generation class
+    model = auto_class.from_config(config, dtype=torch.float32, trust_remote_code=trust_remote_code)
     if (source.hf_config_dir / GENERATION_CONFIG_FILE).is_file():
         model.generation_config = GenerationConfig.from_pretrained(source.hf_config_dir, local_files_only=True)
     if lora_config is not None:

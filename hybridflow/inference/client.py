@@ -48,6 +48,7 @@ from hybridflow.inference.batcher_types import (
 from hybridflow.inference.engine_queue import RequestCancelled, ShuttingDown
 from hybridflow.inference.generation_engine import GenerationEngine
 from hybridflow.inference.protocol import (
+    PromptImages,
     SamplingParams,
     StopReason,
     TokenOutput,
@@ -146,8 +147,10 @@ class InProcessClient:
         max_tokens: int,
         logprobs: int = 0,
         prompt_logprobs: int | None = None,
+        images: PromptImages | None = None,
     ) -> TokenOutput:
-        """Generate up to ``max_tokens`` tokens after ``prompt_ids`` on the engine thread."""
+        """Generate up to ``max_tokens`` tokens after ``prompt_ids`` on the engine thread;
+        ``images``: the prompt's images and 3-D positions (a vision-language model)."""
         if max_tokens < 1:  # nothing may be generated: the budget is already spent
             if prompt_logprobs is None:
                 return _empty("length", self.engine.weight_version)
@@ -160,6 +163,8 @@ class InProcessClient:
             batcher_params(sampling, max_tokens, self.stop_token_ids),
             top_logprobs=logprobs,
             seed=sampling.seed,
+            images=images.inputs if images is not None else None,
+            prompt_positions=images.positions_for(len(prompt_ids)) if images is not None else None,
         )
         future = self.engine.submit(request, prompt_logprobs)
         try:
@@ -318,8 +323,15 @@ class HttpClient:
         max_tokens: int,
         logprobs: int = 0,
         prompt_logprobs: int | None = None,
+        images: PromptImages | None = None,
     ) -> TokenOutput:
-        """Generate up to ``max_tokens`` tokens after ``prompt_ids`` on the server."""
+        """Generate up to ``max_tokens`` tokens after ``prompt_ids`` on the server (text only:
+        ``/generate`` takes token ids, so ``images`` is refused)."""
+        if images is not None:
+            raise InferenceRequestError(
+                f"{self.base_url}/generate takes token ids only: prompts with images are not sent over HTTP yet "
+                "(the built-in rollout's in-process engine takes them)"
+            )
         if max_tokens < 1 and prompt_logprobs is None:
             return _empty("length", 0)
         loop = asyncio.get_running_loop()

@@ -47,6 +47,7 @@ from hybridflow.inference.engine_queue import (
     ShuttingDown,
     UpdateWeightsItem,
 )
+from hybridflow.inference.generation import Decoder
 from hybridflow.inference.protocol import check_sleep_level, check_wake_tags
 from hybridflow.inference.weights import (
     WeightsRejected,
@@ -59,7 +60,10 @@ class GenerationEngine(BatchingLoop):
     """Serves :class:`GenRequest` s from a background thread with continuous batching.
 
     ``decoder`` / ``dtype`` choose the sampler's forward (see
-    :func:`~hybridflow.inference.decoders.build_decoder`); ``max_rows`` bounds the
+    :func:`~hybridflow.inference.decoders.build_decoder`), or ``decoder`` is one already built
+    on ``model`` (a rollout's, so the engine and the rollout's plain sampler share one packed
+    copy of the weights; the caller then keeps the two from stepping it at once and ``dtype``
+    is the decoder's); ``max_rows`` bounds the
     rows of one forward; ``batch_window_s`` makes an idle engine wait that long after the
     first request for others to arrive, so a burst starts as one prefill instead of joining
     step by step (0 = start at once); ``seed`` seeds the generator of requests without a seed.
@@ -74,7 +78,7 @@ class GenerationEngine(BatchingLoop):
         model: nn.Module,
         pad_token_id: int,
         *,
-        decoder: str = "auto",
+        decoder: str | Decoder = "auto",
         dtype: torch.dtype | None = None,
         max_rows: int = 64,
         batch_window_s: float = 0.0,
@@ -84,7 +88,7 @@ class GenerationEngine(BatchingLoop):
     ) -> None:
         if batch_window_s < 0:
             raise ValueError(f"batch_window_s must be >= 0, got {batch_window_s}")
-        built = build_decoder(model, decoder, dtype=dtype)
+        built = build_decoder(model, decoder, dtype=dtype) if isinstance(decoder, str) else decoder
         device = next(model.parameters()).device
         generator = torch.Generator(device=device).manual_seed(seed)
         batcher = ContinuousBatcher(
@@ -104,6 +108,12 @@ class GenerationEngine(BatchingLoop):
     # ---- called from other threads -------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
+
+    def reserve_rows(self, rows: int) -> None:
+        """Let one forward hold at least ``rows`` rows from now on (a long-lived engine meets a
+        larger batch than its first); the bound only grows, so requests already admitted are
+        unaffected. The engine thread reads the bound between steps."""
+        self.batcher.max_rows = max(self.batcher.max_rows, int(rows))
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop the thread; requests still queued or running fail with :class:`ShuttingDown`."""

@@ -106,28 +106,51 @@ def _decode_attention(
     q: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
-    mask: torch.Tensor | None,
-    use_sdpa: bool,
+    bias: torch.Tensor | None,
     scale: float | None,
 ) -> torch.Tensor:
-    """softmax(q·Kᵀ/√d + mask)·V for a few query rows per head: (b, h, g, d), (b, h, L, d) → (b, h, g, d).
+    """softmax(q·Kᵀ/√d + bias)·V for a few query rows per head: (b, h, g, d), (b, h, L, d) → (b, h, g, d).
 
-    SDPA's CPU kernel tiles the queries for long sequences; for g = 3 rows it costs more than
-    two batched matmuls and a softmax, and gets slower, not faster, with a second thread.
+    ``bias`` (b·h, 1, L) is 0 for a visible key and -inf for a hidden one, built once per step
+    (:func:`_additive_masks`); the scale and the bias go into the score matmul (``baddbmm``),
+    so a layer runs three kernels. SDPA's CPU kernel tiles the queries for long sequences; for
+    g = 3 rows it costs more than two batched matmuls and a softmax, and gets slower, not
+    faster, with a second thread.
     """
-    if use_sdpa:
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
-    scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5 if scale is None else scale)
-    if mask is not None:
-        scores.masked_fill_(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), values)
+    b, h, g, d = q.shape
+    length = keys.shape[2]
+    alpha = d**-0.5 if scale is None else scale
+    # Views of the cache, no copies: (b, h) merge into one batch dimension of stride L_max·d.
+    q3, k3, v3 = q.reshape(b * h, g, d), keys.reshape(b * h, length, d), values.reshape(b * h, length, d)
+    if bias is None:
+        scores = torch.bmm(q3, k3.transpose(1, 2)).mul_(alpha)
+    else:
+        scores = torch.baddbmm(bias, q3, k3.transpose(1, 2), alpha=alpha)
+    return torch.bmm(torch.softmax(scores, dim=-1), v3).view(b, h, g, d)
+
+
+def _additive_masks(
+    masks: dict[int | None, torch.Tensor | None], kv_heads: int
+) -> dict[int | None, torch.Tensor | None]:
+    """Boolean (rows, 1, 1, L) masks → additive (rows · kv_heads, 1, L) ones (0 or -inf), per window."""
+    out: dict[int | None, torch.Tensor | None] = {}
+    for window, mask in masks.items():
+        if mask is None:
+            out[window] = None
+            continue
+        bias = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(~mask, float("-inf"))
+        out[window] = bias.view(mask.shape[0], 1, mask.shape[-1]).repeat_interleave(kv_heads, dim=0)
+    return out
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x·cos + rotate_half(x)·sin with rotate_half(x) = (−x₂, x₁) over the last dim."""
+    """x·cos + rotate_half(x)·sin with rotate_half(x) = (−x₂, x₁) over the last dim.
+
+    ``sin`` comes with its first half negated (:meth:`LeanDecoder._size_rope_table`):
+    (x₂, x₁)·(−s₁, s₂) equals (−x₂, x₁)·(s₁, s₂) exactly and saves the negation.
+    """
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 class _Layer:
@@ -205,6 +228,11 @@ class LeanDecoder:
     def _projections(self) -> list[Projection]:
         return [p for layer in self.layers for p in layer.projections()] + [self.lm_head]
 
+    def projections(self) -> list[Projection]:
+        """Every projection in the order a decode step runs them (``benchmarks/rollout.py`` times
+        them alone: the step's matmul floor)."""
+        return self._projections()
+
     def refresh_weights(self) -> int:
         """Re-pack stale projections (``packed`` format); returns how many were re-packed."""
         # Gemma's norms compute in fp32 from the parameters themselves, whatever the dtype.
@@ -244,7 +272,8 @@ class LeanDecoder:
         probe = torch.empty(0, dtype=self.dtype, device=self.device)
         for rope_type in dict.fromkeys(self.spec.rope_types):
             cos, sin = self.rotary(probe, ids) if rope_type is None else self.rotary(probe, ids, rope_type)
-            tables[rope_type] = (cos[0], sin[0])
+            half = sin.shape[-1] // 2
+            tables[rope_type] = (cos[0], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1))
 
     def _rope_rows(self, positions: torch.Tensor) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
         """Per RoPE layer type, cos/sin rows for ``positions`` (any shape) → (*positions.shape, head_dim)."""
@@ -399,6 +428,8 @@ class LeanDecoder:
         for window in self._windows():
             windowed = cache.window_mask(positions, window, col + 1)
             masks[window] = None if full is None and bool(windowed.all()) else windowed
+        if not self.hf_numerics:
+            masks = _additive_masks(masks, self.kv_heads)
         x = self._embed(tokens)
         for index, layer in enumerate(self.layers):
             x = self._decode_layer(cache, index, layer, x, rope[layer.rope_type], masks[layer.window], col)
@@ -432,7 +463,11 @@ class LeanDecoder:
         else:
             # The g query heads sharing a key/value head become g query rows of that head.
             q = qk[:, :heads].reshape(rows, kv, heads // kv, hd).to(self.cache_dtype)
-            attn = _decode_attention(q, keys, values, mask, self.hf_numerics, scale).to(self.compute_dtype)
+            if self.hf_numerics:  # ``mask`` boolean (rows, 1, 1, L)
+                attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
+            else:  # ``mask`` the step's additive bias (rows · kv, 1, L)
+                attn = _decode_attention(q, keys, values, mask, scale)
+            attn = attn.to(self.compute_dtype)
         return self._attention_out_and_mlp(layer, attn.reshape(rows, heads * hd), x)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,9 @@ replayed.
 
 from __future__ import annotations
 
-from hybridflow.inference.protocol import InferenceServer, SamplingParams, TokenOutput
+from typing import Any
+
+from hybridflow.inference.protocol import InferenceServer, PromptImages, SamplingParams, TokenOutput
 
 
 class PartialRolloutClient:
@@ -36,15 +38,23 @@ class PartialRolloutClient:
         self.resumes = 0
 
     async def generate(
-        self, request_id: str, prompt_ids: list[int], sampling: SamplingParams, max_tokens: int, logprobs: int = 0
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        max_tokens: int,
+        logprobs: int = 0,
+        images: PromptImages | None = None,
     ) -> TokenOutput:
         """Up to ``max_tokens`` tokens after ``prompt_ids``; never ``aborted`` unless the server
-        aborted more than ``max_resumes`` times in a row of this call."""
+        aborted more than ``max_resumes`` times in a row of this call. ``images`` go with the
+        first request and with every resubmission (the tokens so far are text after them)."""
         tokens: list[int] = []
         log_probs: list[float] = []
         tops: list[list[tuple[int, float]]] = []
         first_version: int | None = None
-        out = await self.server.generate(request_id, list(prompt_ids), sampling, max_tokens, logprobs)
+        extra: dict[str, Any] = {"images": images} if images is not None else {}
+        out = await self.server.generate(request_id, list(prompt_ids), sampling, max_tokens, logprobs, **extra)
         for attempt in range(self.max_resumes + 1):
             if out.token_ids and first_version is None:
                 first_version = out.first_weight_version
@@ -59,7 +69,7 @@ class PartialRolloutClient:
                 break
             self.resumes += 1
             out = await self.server.generate(
-                request_id, list(prompt_ids) + tokens, sampling.for_request(len(tokens)), left, logprobs
+                request_id, list(prompt_ids) + tokens, sampling.for_request(len(tokens)), left, logprobs, **extra
             )
         return TokenOutput(
             token_ids=tokens,

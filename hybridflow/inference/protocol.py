@@ -12,9 +12,9 @@ Nothing here imports workers, trainer or server: the protocol sits beside ``engi
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -54,6 +54,41 @@ class SamplingParams:
             return self
         state = np.random.SeedSequence([self.seed % 2**64, *keys]).generate_state(2, dtype=np.uint32)
         return replace(self, seed=(int(state[0]) << 31) ^ int(state[1]))
+
+
+@dataclass(frozen=True)
+class PromptImages:
+    """The images of a vision-language prompt (Qwen2-VL), for engines that take them.
+
+    ``inputs``: the processor's image tensors (``pixel_values``, ``image_grid_thw``) of every
+    image the prompt holds; ``positions``: the 3-D rotary positions ``(3, P)`` of the first
+    ``P`` prompt tokens, which hold every image token. A request may carry a longer prompt (the
+    same trajectory after a turn and a tool result): tokens past ``P`` are text, and text after
+    the last image continues from the largest position + 1 on all three axes (transformers'
+    ``get_rope_index``), which :meth:`positions_for` gives. Requests of one trajectory pass the
+    same object, so an engine can tell that ``n`` rows share one prompt's images.
+    """
+
+    inputs: Mapping[str, Any]
+    positions: Any = field(compare=False)  # torch.Tensor (3, P); Any keeps this module torch-free
+
+    def __post_init__(self) -> None:
+        shape = tuple(getattr(self.positions, "shape", ()))
+        if len(shape) != 2 or shape[0] != 3 or shape[1] < 1:
+            raise ValueError(f"PromptImages.positions must be (3, P) with P >= 1, got shape {shape}")
+
+    def positions_for(self, length: int) -> torch.Tensor:
+        """``(3, length)``: the prompt's positions, then text positions from the largest + 1."""
+        import torch
+
+        known = int(self.positions.shape[1])
+        if length < known:
+            raise ValueError(
+                f"a prompt of {length} tokens is shorter than the {known} tokens its images were placed in"
+            )
+        start = int(self.positions.max()) + 1
+        tail = torch.arange(start, start + length - known, dtype=torch.long).expand(3, -1)
+        return torch.cat([self.positions.to(torch.long).cpu(), tail], dim=1)
 
 
 TopLogProbs = list[list[tuple[int, float]]]  # per position: the k best (token id, log-prob)
@@ -106,6 +141,11 @@ class TokenClient(Protocol):
     ``request_id`` names the trajectory: requests of one trajectory share it, so an engine
     may route them to the same replica and reuse the prompt's KV cache. ``max_tokens`` bounds
     the new tokens of this call; the client never returns more.
+
+    A prompt with images is passed as the keyword ``images`` (:class:`PromptImages`); a loop
+    passes it only for such prompts, so a client that takes no images needs no such argument.
+    The built-in engine's clients take it (:class:`~hybridflow.inference.client.InProcessClient`,
+    :class:`~hybridflow.inference.partial_rollout.PartialRolloutClient`); ``HttpClient`` refuses it.
     """
 
     async def generate(

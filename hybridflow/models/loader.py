@@ -27,6 +27,7 @@ from transformers import (
 )
 
 from hybridflow.engine.checkpoint import pickle_refusal
+from hybridflow.models.processor import load_processor
 from hybridflow.models.sources import resolve_model_path
 from hybridflow.utils.errors import InputError
 
@@ -126,8 +127,23 @@ def load_causal_lm(
     maps to the conditional-generation class (vision tower + language model + LM head); that class
     is a causal LM to the rest of hybridflow (same forward, logits over the vocabulary). Other
     folders load through ``AutoModelForCausalLM``."""
-    auto_class = AutoModelForImageTextToText if is_vision_language_folder(folder) else AutoModelForCausalLM
+    auto_class = causal_lm_auto_class(is_vision_language_folder(folder))
     return load_pretrained(auto_class, folder, parse_dtype(dtype), trust_remote_code, attn_implementation)
+
+
+def causal_lm_auto_class(vision_language: bool) -> Any:
+    """The ``AutoModel*`` class that builds a folder's language model: transformers maps
+    Qwen2-VL-family configs only under ``AutoModelForImageTextToText`` (their conditional-generation
+    class), text models under ``AutoModelForCausalLM``. Every loader of a policy-shaped model
+    (training, export, comparison) picks through here, so none needs a registration of the
+    vision classes under ``AutoModelForCausalLM``."""
+    return AutoModelForImageTextToText if vision_language else AutoModelForCausalLM
+
+
+def is_vision_language_config(config: Any) -> bool:
+    """Whether a loaded config object (``AutoConfig``) describes a vision-language model: the
+    in-memory form of :func:`is_vision_language_folder`'s check (a ``vision_config``)."""
+    return getattr(config, "vision_config", None) is not None
 
 
 def is_vision_language_folder(folder: str | os.PathLike) -> bool:
@@ -140,6 +156,14 @@ def is_vision_language_folder(folder: str | os.PathLike) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and isinstance(data.get("vision_config"), dict)
+
+
+def load_vision_processor(path: str | os.PathLike) -> Any | None:
+    """The processor of a vision-language model (a folder or known name whose config has a
+    ``vision_config``), which turns chat image parts into pixels and image tokens; None for a
+    text model."""
+    folder = resolve_model_path(path)
+    return load_processor(folder) if is_vision_language_folder(folder) else None
 
 
 def load_pretrained(

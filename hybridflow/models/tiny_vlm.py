@@ -21,31 +21,11 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    PreTrainedTokenizerFast,
-    Qwen2_5_VLConfig,
-    Qwen2_5_VLForConditionalGeneration,
-    Qwen2VLConfig,
-    Qwen2VLForConditionalGeneration,
-)
+from transformers import PreTrainedTokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from hybridflow.models.processor import ImagesOnlyQwen2VLProcessor, declare_processor_class
 from hybridflow.models.tiny import build_tiny_tokenizer
-
-
-def register_vision_causal_lms() -> None:
-    """Let ``AutoModelForCausalLM`` load Qwen2-VL and Qwen2.5-VL folders as their conditional-
-    generation classes (language model + vision tower + LM head), which transformers maps only
-    under ``AutoModelForImageTextToText``: the policy loader (``models/loader.py``) asks for a
-    causal LM, and these classes are one (same forward, logits over the vocabulary). Run at
-    import, so every process that resolves model names (trainer, Ray workers) has it."""
-    AutoModelForCausalLM.register(Qwen2VLConfig, Qwen2VLForConditionalGeneration, exist_ok=True)
-    AutoModelForCausalLM.register(Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, exist_ok=True)
-
-
-register_vision_causal_lms()
 
 VISION_START = "<|vision_start|>"
 VISION_END = "<|vision_end|>"

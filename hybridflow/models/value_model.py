@@ -3,6 +3,13 @@
 ``V(s_t) = w · h_t + b`` where ``h_t`` is the last hidden state at position t. Built from
 the same folder as the policy so the critic starts from the policy's representations; the
 head is seeded and small (std = the config's ``initializer_range``).
+
+A vision-language folder (Qwen2-VL, Qwen2.5-VL) gives the same critic: ``AutoModel`` maps its
+config to the base model under the conditional-generation class (vision tower + language model,
+no LM head), whose forward takes the rows' ``pixel_values`` / ``image_grid_thw`` and (3, b, L)
+rotary positions, so the values see the images as the actor's log-probs do. Its sizes are read
+from the language model's config (``get_text_config``): the top-level config of such a model
+has no ``hidden_size``.
 """
 
 from __future__ import annotations
@@ -42,7 +49,8 @@ class ValueHeadModel(nn.Module):
         **kwargs: Any,
     ) -> torch.Tensor:
         """Values for every position: input_ids (B, L) → (B, L) float32. ``kwargs`` go to the
-        backbone (``cu_seq_lens_q`` etc. of a packed micro-batch)."""
+        backbone (``cu_seq_lens_q`` etc. of a packed micro-batch; a vision-language backbone's
+        ``pixel_values`` and ``image_grid_thw``)."""
         out = self.backbone(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kwargs
         )
@@ -61,7 +69,8 @@ def load_value_model(
     seed: int = 0,
     attn_implementation: str | None = None,
 ) -> tuple[ValueHeadModel, PreTrainedTokenizerBase]:
-    """``(critic, tokenizer)`` from a causal-LM folder / known name (same options as the policy).
+    """``(critic, tokenizer)`` from a causal-LM or vision-language folder / known name (same
+    options as the policy).
 
     With LoRA only the adapters and the value head are trainable.
     """
@@ -70,9 +79,9 @@ def load_value_model(
     backbone = load_pretrained(AutoModel, folder, dtype, trust_remote_code, attn_implementation)
     if gradient_checkpointing:
         enable_gradient_checkpointing(backbone)
-    config = backbone.config
+    text_config = backbone.config.get_text_config()  # the config itself for a text model
     body: nn.Module = backbone
     if lora_rank > 0:
         body = apply_lora(backbone, lora_rank, lora_alpha, target_modules, task_type="FEATURE_EXTRACTION")
-    model = ValueHeadModel(body, config.hidden_size, config.initializer_range, seed=seed)
+    model = ValueHeadModel(body, text_config.hidden_size, text_config.initializer_range, seed=seed)
     return model.eval(), tokenizer

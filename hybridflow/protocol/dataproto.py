@@ -9,8 +9,9 @@ A ``DataProto`` holds ``B`` rows in three parts:
 
 Names and semantics follow verl's ``verl.protocol`` so ported code only changes its import.
 The class keeps verl's methods; the work behind some of them lives beside it, one job a module:
-``consistency.py`` (the parts agree), ``key_ops.py`` (select, pop, rename), ``splitting.py``
-(chunk bounds, iteration settings), ``describe.py`` (sizes, summary).
+``consistency.py`` (the parts agree), ``key_ops.py`` (select, pop, rename), ``combine.py``
+(union, concat), ``splitting.py`` (chunk bounds, iteration settings), ``describe.py`` (sizes,
+summary).
 """
 
 from __future__ import annotations
@@ -24,17 +25,11 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from hybridflow.protocol.combine import concat_parts, union_parts
 from hybridflow.protocol.consistency import check_parts
 from hybridflow.protocol.describe import data_info, size_message
 from hybridflow.protocol.errors import DataProtoError, DataProtoTypeError
 from hybridflow.protocol.key_ops import pop_parts, rename_keys, select_parts
-from hybridflow.protocol.merge import (
-    check_same_keys,
-    merge_meta_info,
-    union_numpy_dict,
-    union_tensor_dict,
-    union_two_dict,
-)
 from hybridflow.protocol.rows import (
     IndexLike,
     as_object_column,
@@ -296,14 +291,7 @@ class DataProto:
         Lengths must match; a key in both must hold equal values (tensors ``torch.equal``,
         arrays deep-equal with NaN == NaN, meta ``==``), else ``ValueError`` naming the key.
         """
-        if _has_rows(self) and _has_rows(other) and len(self) != len(other):
-            raise DataProtoError(f"union: lengths differ: {len(self)} vs {len(other)}")
-        if self.batch is None:
-            self.batch = other.batch
-        elif other.batch is not None:
-            self.batch = union_tensor_dict(self.batch, other.batch)
-        self.non_tensor_batch = union_numpy_dict(self.non_tensor_batch, other.non_tensor_batch)
-        self.meta_info = union_two_dict(self.meta_info, other.meta_info)
+        self.batch, self.non_tensor_batch, self.meta_info = union_parts(self, other)
         self.check_consistency()
         return self
 
@@ -314,20 +302,7 @@ class DataProto:
         meta: ``metrics`` (a dict or list of dicts per part, may be absent) are merged into
         one dict of lists; other keys must agree across parts.
         """
-        if len(data) == 0:
-            raise DataProtoError("DataProto.concat needs at least one DataProto")
-        batches = [d.batch for d in data if d.batch is not None]
-        if batches and len(batches) != len(data):
-            raise DataProtoError("DataProto.concat: some parts have a tensor batch and others do not")
-        batch: TensorDict | None = None
-        if batches:
-            check_same_keys("batch", [sorted(str(k) for k in b.keys()) for b in batches])  # top-level keys: str
-            batch = TensorDict.cat(batches, dim=0)  # what torch.cat on TensorDicts dispatches to
-        check_same_keys("non_tensor_batch", [sorted(d.non_tensor_batch) for d in data])
-        non_tensors = {
-            key: np.concatenate([d.non_tensor_batch[key] for d in data], axis=0) for key in data[0].non_tensor_batch
-        }
-        meta = merge_meta_info([d.meta_info for d in data])
+        batch, non_tensors, meta = concat_parts(data)
         return type(data[0])(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
 
     # --- splitting ----------------------------------------------------------------------------
@@ -448,7 +423,3 @@ class DataProto:
     def get_data_info(self) -> str:
         """A multi-line summary: each key with its shape and dtype, meta keys with their types."""
         return data_info(len(self), self.batch, self.non_tensor_batch, self.meta_info)
-
-
-def _has_rows(data: DataProto) -> bool:
-    return data.batch is not None or bool(data.non_tensor_batch)

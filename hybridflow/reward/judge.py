@@ -253,13 +253,7 @@ def judge_yes_no(
     listed, the unlisted ones (each below ``p_K``) are left out. Neither side listed: the judge
     did not answer yes or no (``bound == "none"``); the score is then meaningless.
     """
-    if not yes or not no:
-        raise ValueError("give at least one yes variant and one no variant")
-    if set(yes) & set(no):
-        raise ValueError(f"{sorted(set(yes) & set(no))} are listed as both yes and no")
-    if top_logprobs < 1:
-        raise ValueError(f"top_logprobs must be >= 1, got {top_logprobs}")
-    yes, no = tuple(dict.fromkeys(yes)), tuple(dict.fromkeys(no))  # a repeated spelling counts once
+    yes, no = _checked_variants(yes, no, top_logprobs)
     reply = chat_completion(
         address,
         messages,
@@ -272,6 +266,25 @@ def judge_yes_no(
         top_logprobs=top_logprobs,
     )
     top = _first_top_logprobs(reply, base_url(address) + "/v1/chat/completions")
+    return _verdict_from_top(top, yes, no)
+
+
+def _checked_variants(
+    yes: Sequence[str], no: Sequence[str], top_logprobs: int
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The yes / no spellings with repeats dropped (a repeated spelling counts once); raises
+    before any request when they cannot give a meaningful score."""
+    if not yes or not no:
+        raise ValueError("give at least one yes variant and one no variant")
+    if set(yes) & set(no):
+        raise ValueError(f"{sorted(set(yes) & set(no))} are listed as both yes and no")
+    if top_logprobs < 1:
+        raise ValueError(f"top_logprobs must be >= 1, got {top_logprobs}")
+    return tuple(dict.fromkeys(yes)), tuple(dict.fromkeys(no))
+
+
+def _verdict_from_top(top: list[dict[str, Any]], yes: Sequence[str], no: Sequence[str]) -> Verdict:
+    """The :class:`Verdict` of a first token's listed alternatives (see :func:`judge_yes_no`)."""
     # Two ids can decode to the same text (e.g. byte pieces of one character); both count.
     listed: dict[str, list[float]] = {}
     for entry in top:

@@ -6,8 +6,9 @@
   multi-turn row (model and tool turns, split where ``response_mask`` changes).
   ``trainer.rollout_token_rows`` = k adds, to the first k rows, ``tokens`` (each response
   token's text), ``token_mask`` and one list per per-token tensor the batch holds, under
-  verl's names (``advantages``, ``old_log_probs``, ``rollout_log_probs``, ``entropys``,
-  ``rollout_is_weights``, ``teacher_log_prob``...) — what ``hybridflow view`` colours tokens by.
+  verl's names (``advantages``, ``old_log_probs``, ``rollout_log_probs``, ``entropys`` — the
+  old-log-prob pass's, kept in the batch for this dump only —, ``rollout_is_weights``,
+  ``teacher_log_prob``...) — what ``hybridflow view`` colours tokens by.
 * ``trainer.validation_data_dir``: ``{step}.jsonl`` of every validation row in verl's fields —
   ``input`` (the prompt text), ``output`` (the response), ``gts`` (the ground truth), ``score``
   (the summed reward), ``step``, plus one field per key the scorer returned (``acc``, ``pred``...).

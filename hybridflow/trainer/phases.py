@@ -84,7 +84,11 @@ class PolicyUpdate:
             self.correction == "off"
             and (not on_policy or self.use_kl_in_reward or self.spec.needs_old_log_probs or fold)
         )
-        self.dp_size = config.trainer.nnodes * config.trainer.n_gpus_per_node
+        # The old-log-prob pass's per-token entropy is a metric (verl drops it from the batch
+        # too); it stays in the batch only for the rollout dump's per-token values.
+        trainer = config.trainer
+        self.keep_entropy = bool(trainer.rollout_data_dir) and trainer.rollout_token_rows > 0
+        self.dp_size = trainer.nnodes * trainer.n_gpus_per_node
         self._check_workers(workers)
 
     def _check_workers(self, workers: WorkerGroups) -> None:
@@ -141,9 +145,11 @@ class PolicyUpdate:
         return batch
 
     def compute_old_log_prob(self, batch: DataProto) -> dict[str, float]:
-        """3: ℓ_old and entropy from the actor; the rollout/actor mismatch is a metric."""
+        """3: ℓ_old and entropy from the actor; the rollout/actor mismatch is a metric. The
+        entropy joins the batch only when the rollout dump writes per-token values."""
         out = self.workers.actor.compute_log_prob(batch, calculate_sum_pi_squared=self.spec.needs_sum_pi_squared)
         keep = [F.OLD_LOG_PROBS] + ([F.SUM_PI_SQUARED] if self.spec.needs_sum_pi_squared else [])
+        keep += [F.ENTROPYS] if self.keep_entropy else []
         batch.union(out.select(batch_keys=keep))
         mask = batch.require_batch()[F.RESPONSE_MASK].bool()
         metrics = {"actor/entropy_old": out.require_batch()[F.ENTROPYS][mask].mean().item()}

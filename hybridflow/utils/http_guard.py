@@ -38,7 +38,7 @@ import secrets
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 Scope = MutableMapping[str, Any]
@@ -195,6 +195,18 @@ async def _reply(send: Send, status: int, message: str, code: str, headers: Iter
     await send({"type": "http.response.body", "body": body})
 
 
+class _Refusal(NamedTuple):
+    """A request turned away before the app sees it: :func:`_reply`'s arguments after ``send``."""
+
+    status: int
+    message: str
+    code: str
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+_BEARER_CHALLENGE: tuple[tuple[bytes, bytes], ...] = ((b"www-authenticate", b"Bearer"),)
+
+
 class RequestGuard:
     """ASGI middleware: Host allow-list, Origin, bearer key and route token, Content-Type, body
     size (see the module doc).
@@ -229,67 +241,66 @@ class RequestGuard:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         path = scope.get("path", "")
+        refusal = self._access_refusal(headers, path) or self._body_refusal(scope, headers, path)
+        if refusal is not None:
+            await _reply(send, *refusal)
+            return
+        await self.app(scope, self._counting(receive, self.body_limits.get(path, self.max_body_bytes)), send)
+
+    def _access_refusal(self, headers: Mapping[str, str], path: str) -> _Refusal | None:
+        """Who may ask: the Host, the page's Origin, the API key, the route's token (in that order)."""
         host = split_host_header(headers.get("host", ""))
         if not host_allowed(host, self.allowed_hosts):
-            await _reply(
-                send,
+            return _Refusal(
                 400,
                 f"Host {host!r} is not served here (the server answers only the names it "
                 "listens on; see --allowed-hosts)",
                 "invalid_host",
             )
-            return
         origin = headers.get("origin")
         if origin is not None and not origin_allowed(origin, host, self.allowed_hosts):
-            await _reply(
-                send,
+            return _Refusal(
                 403,
                 f"requests from the web page at Origin {origin!r} are refused: only pages "
                 "served under this server's own host names may call it (see --allowed-hosts)",
                 "invalid_origin",
             )
-            return
         authorization = headers.get("authorization", "").encode("latin-1")
         if self.api_key is not None and not _bearer_ok(authorization, self.api_key):
-            await _reply(
-                send,
+            return _Refusal(
                 401,
                 "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
                 "invalid_api_key",
-                [(b"www-authenticate", b"Bearer")],
+                _BEARER_CHALLENGE,
             )
-            return
         token = self.route_token
         if token is not None and path in token.paths and not _bearer_ok(authorization, token.token.encode()):
-            await _reply(
-                send,
+            return _Refusal(
                 401,
                 f"{path} needs a token: send the header 'Authorization: Bearer TOKEN' ({token.hint})",
                 "invalid_token",
-                [(b"www-authenticate", b"Bearer")],
+                _BEARER_CHALLENGE,
             )
-            return
+        return None
+
+    def _body_refusal(self, scope: Scope, headers: Mapping[str, str], path: str) -> _Refusal | None:
+        """What may be sent: the body's declared Content-Type and length, before any byte is read."""
         if scope.get("method", "GET").upper() not in _BODYLESS_METHODS:
             expected = self.body_types.get(path, JSON)
             declared = media_type(headers.get("content-type", ""))
             if declared != expected:
-                await _reply(
-                    send,
+                return _Refusal(
                     415,
                     f"{path} takes a body of Content-Type {expected}, got "
                     f"{declared or 'none'}: other types can be sent by any web page without the "
                     "browser asking this server first, so they are refused",
                     "unsupported_media_type",
                 )
-                return
         limit = self.body_limits.get(path, self.max_body_bytes)
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
-            await _reply(
-                send, 413, f"request body is larger than this server's limit of {limit} bytes", "body_too_large"
-            )
-            return
-        await self.app(scope, self._counting(receive, limit), send)
+            return _Refusal(413, f"request body is larger than this server's limit of {limit} bytes", "body_too_large")
+        return None
 
     @staticmethod
     def _counting(receive: Receive, limit: int) -> Receive:

@@ -245,10 +245,22 @@ def test_trainer_rules():
     )
     assert only_problem("trainer.nnodes=2") == "trainer.nnodes=2 needs trainer.backend=ray (local runs on one machine)"
     load_config(None, ["trainer.nnodes=2", "trainer.backend=ray"])
-    assert only_problem("trainer.rollout_token_rows=4") == (
+    assert only_problem("trainer.rollout_token_rows=4", "data.train_files=[mine.parquet]") == (
         "trainer.rollout_token_rows=4 needs trainer.rollout_data_dir (the per-token values go into its dump)"
     )
     load_config(None, ["trainer.rollout_token_rows=4", "trainer.rollout_data_dir=/tmp/dumps"])
+
+
+def test_the_main_job_records_its_rollouts_in_its_run_folder_and_other_data_does_not():
+    main = load_config(None, []).trainer
+    assert main.default_local_dir == "checkpoints/hybridflow/default"
+    assert main.rollout_data_dir == "checkpoints/hybridflow/default/rollouts"
+    assert main.validation_data_dir == "checkpoints/hybridflow/default/validation"
+    assert main.rollout_token_rows == 8
+    moved = load_config(None, ["trainer.default_local_dir=/runs/a", "trainer.rollout_data_dir=/dumps"]).trainer
+    assert (moved.rollout_data_dir, moved.validation_data_dir, moved.rollout_token_rows) == ("/dumps", "/runs/a/validation", 0)
+    other = load_config(None, ["data.train_files=[mine.parquet]"]).trainer
+    assert (other.rollout_data_dir, other.validation_data_dir, other.rollout_token_rows) == (None, None, 0)
 
 
 def test_all_problems_of_a_phase_are_reported_together():

@@ -10,7 +10,12 @@ import torch
 
 from hybridflow import fields as FK
 from hybridflow.engine.forward import (
-    PACK_MIN_PADDING, pack_micro_batch, packs_rows, response_log_probs, response_values, worth_packing,
+    PACK_MIN_PADDING,
+    pack_micro_batch,
+    packs_rows,
+    response_log_probs,
+    response_values,
+    worth_packing,
 )
 from hybridflow.engine.micro_batch import MicroBatchSpec, plan_micro_batches
 from hybridflow.models.packed_attention import base_of, packed_name

@@ -6,14 +6,12 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from hybridflow import fields as F
 from hybridflow.agent.base import refuse_images
 from hybridflow.agent.collate import NUM_TURNS
-from hybridflow.agent.runner import AGENT_NAME
 from hybridflow.config import load_config
 from hybridflow.config.actor_rollout_ref import RolloutConfig
 from hybridflow.data import RLDataset, collate_fn
@@ -134,23 +132,23 @@ def _agent_rollout(actor: ActorWorker) -> AgentLoopRollout:
     return AgentLoopRollout(config, actor.module, actor.tokenizer, dtype=torch.float32)
 
 
-def test_single_turn_agent_rows_with_images_take_the_image_sampler(actor, prompts) -> None:
+def test_single_turn_agent_rows_with_images_go_through_the_agent_engine(actor, prompts) -> None:
+    """Greedy: the agent engine (images and 3-D positions per request) answers image rows with the
+    plain sampler's tokens and positions; log-probs agree to float rounding (other padding)."""
     data = prompts.select_idxs(list(range(len(prompts))))
     out, metrics = _agent_rollout(actor).generate_with_metrics(data)
     plain = _rollout(actor, do_sample=False).generate_sequences(prompts.select_idxs(list(range(len(prompts)))))
-    for key in (F.RESPONSES, F.POSITION_IDS, F.ATTENTION_MASK, F.ROLLOUT_LOG_PROBS):
-        assert torch.equal(out.batch[key], plain.batch[key])
+    for key in (F.RESPONSES, F.POSITION_IDS, F.ATTENTION_MASK, F.RESPONSE_MASK):
+        assert torch.equal(out.batch[key], plain.batch[key]), key
+    diff = (out.batch[F.ROLLOUT_LOG_PROBS] - plain.batch[F.ROLLOUT_LOG_PROBS]).abs().max()
+    assert float(diff) < 1e-5
     assert out.non_tensor_batch[NUM_TURNS].tolist() == [2] * len(prompts)
     assert metrics["num_turns/mean"] == 2.0 and metrics["tool_call_counts/max"] == 0.0
     assert out.non_tensor_batch[F.MULTI_MODAL_INPUTS][1] is prompts.non_tensor_batch[F.MULTI_MODAL_INPUTS][1]
 
 
-def test_other_agent_loops_refuse_rows_with_images(actor, prompts) -> None:
-    data = prompts.select_idxs([0, 3])
-    data.non_tensor_batch[AGENT_NAME] = np.array(["single_turn_agent", "tool_agent"], dtype=object)
-    with pytest.raises(ValueError, match=r"agent loop\(s\) \['tool_agent'\] cannot take rows with images yet"):
-        _agent_rollout(actor).generate_with_metrics(data)
-    row = {F.MULTI_MODAL_INPUTS: prompts.non_tensor_batch[F.MULTI_MODAL_INPUTS][0]}
-    with pytest.raises(ValueError, match="tool_agent cannot take rows with images yet: its client generates"):
-        refuse_images(row, "tool_agent")
-    refuse_images({F.MULTI_MODAL_INPUTS: {}}, "tool_agent")  # a text row of a multimodal data set passes
+def test_loops_that_send_no_images_refuse_image_rows() -> None:
+    row = {F.MULTI_MODAL_INPUTS: {"image_grid_thw": torch.tensor([[1, 4, 4]])}}
+    with pytest.raises(ValueError, match="my_loop cannot take rows with images: it sends token ids only"):
+        refuse_images(row, "my_loop")
+    refuse_images({F.MULTI_MODAL_INPUTS: {}}, "my_loop")  # a text row of a multimodal data set passes

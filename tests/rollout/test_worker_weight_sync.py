@@ -21,7 +21,6 @@ from tests.serving import serve_in_thread
 TIMEOUT_S = 120
 
 
-
 def _config(tiny_model_dir, *overrides: str):
     return load_config(
         None,
@@ -52,7 +51,9 @@ def _prompts(encode, seed: int) -> DataProto:
 
 def _train_once(actor: ActorWorker, batch: DataProto, seed: int) -> None:
     batch.batch[F.OLD_LOG_PROBS] = actor.compute_log_prob(batch).batch[F.OLD_LOG_PROBS]
-    batch.batch[F.ADVANTAGES] = torch.randn(batch.batch[F.OLD_LOG_PROBS].shape, generator=torch.Generator().manual_seed(seed))
+    batch.batch[F.ADVANTAGES] = torch.randn(
+        batch.batch[F.OLD_LOG_PROBS].shape, generator=torch.Generator().manual_seed(seed)
+    )
     actor.update_actor(batch)
 
 
@@ -65,8 +66,10 @@ def _diff(actor: ActorWorker, batch: DataProto) -> float:
 
 @pytest.mark.parametrize("backend", ["naive", "shared", "inproc", "disk"])
 def test_each_backend_keeps_the_rollout_on_the_actors_weights(tiny_model_dir, encode, share_name, backend, tmp_path):
-    extra = [f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend}",
-             "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1"]
+    extra = [
+        f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend}",
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1",
+    ]
     if backend == "disk":
         extra.append(f"actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs={{dir: {tmp_path}}}")
     config = _config(tiny_model_dir, *extra)
@@ -118,9 +121,12 @@ def serve(tiny_model_dir) -> Iterator[tuple[str, object, str]]:
 
 def test_http_backend_generates_on_the_server_and_pushes_the_updates(tiny_model_dir, encode, share_name, serve):
     url, engine, token = serve
-    config = _config(tiny_model_dir, "actor_rollout_ref.rollout.checkpoint_engine.backend=http",
-                     f"actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs={{url: '{url}', api_key: '{token}'}}",
-                     "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1")
+    config = _config(
+        tiny_model_dir,
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=http",
+        f"actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs={{url: '{url}', api_key: '{token}'}}",
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1",
+    )
     actor = ActorWorker(config.actor_rollout_ref, share_name=share_name)
     actor.init_model()
     rollout = RolloutWorker(config.actor_rollout_ref, share_name=share_name)
@@ -166,8 +172,12 @@ def test_partial_rollout_aborts_swaps_and_resumes_the_generation_in_flight(tiny_
     last tokens, and the resumed part was sampled from the new weights."""
     import threading
 
-    config = _config(tiny_model_dir, "actor_rollout_ref.rollout.checkpoint_engine.backend=inproc",
-                     "actor_rollout_ref.rollout.response_length=400", "actor_rollout_ref.rollout.ignore_eos=false")
+    config = _config(
+        tiny_model_dir,
+        "actor_rollout_ref.rollout.checkpoint_engine.backend=inproc",
+        "actor_rollout_ref.rollout.response_length=400",
+        "actor_rollout_ref.rollout.ignore_eos=false",
+    )
     actor = ActorWorker(config.actor_rollout_ref, share_name=share_name)
     actor.init_model()
     rollout = RolloutWorker(config.actor_rollout_ref, share_name=share_name)
@@ -177,11 +187,14 @@ def test_partial_rollout_aborts_swaps_and_resumes_the_generation_in_flight(tiny_
     rollout.set_partial_rollout(True)
     _train_once(actor, rollout.generate_sequences(_prompts(encode, seed=1)).data, seed=1)  # the actor moves on
     result: dict = {}
-    thread = threading.Thread(target=lambda: result.setdefault("out", rollout.generate_sequences(_prompts(encode, 2)).data))
+    thread = threading.Thread(
+        target=lambda: result.setdefault("out", rollout.generate_sequences(_prompts(encode, 2)).data)
+    )
+    engine = rollout.rollout.engines.engine  # the rollout's one engine, kept from the first call
+    assert engine is not None
+    before = engine.batcher.stats.tokens_generated
     thread.start()
-    engine = None
-    while engine is None or engine.batcher.stats.tokens_generated < 16:
-        engine = rollout.rollout.live_engine
+    while rollout.rollout.live_engine is None or engine.batcher.stats.tokens_generated < before + 16:
         assert thread.is_alive(), "the generation finished before the test could abort it"
     assert rollout.abort_generation() >= 1
     metrics = rollout.update_weights(version=1)

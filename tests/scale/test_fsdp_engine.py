@@ -20,8 +20,6 @@ from hybridflow.models.tiny import build_tiny_model
 from tests.numerics import TINY_DEPTH, TINY_WIDTH, assert_close_across
 
 
-
-
 def _pg_loss(batch_tokens: torch.Tensor, outputs, micro):
     mask = micro[FK.RESPONSE_MASK]
     loss = agg_loss(-micro[FK.ADVANTAGES] * outputs["log_probs"], mask, "token-mean", batch_num_tokens=batch_tokens)

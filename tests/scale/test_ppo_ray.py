@@ -1,12 +1,11 @@
-"""``hybridflow train`` on two Ray ranks (FSDP2, gloo): a GRPO run, a rank that dies, resume, merge."""
+"""``hybridflow train`` on two Ray ranks (FSDP2, gloo): a GRPO run, a rank that dies, resume, merge.
+
+The runs use the session's Ray instance (``ray_session``), as a driver that stays up while its
+ranks come and go: each run starts its own two rank processes and gives them back at its end."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,10 +14,9 @@ from transformers import AutoModelForCausalLM
 
 from hybridflow.engine.fsdp_checkpoint import FSDP_META_FILE, read_full_model_state
 from hybridflow.export.writer import merge_checkpoint
+from tests.scale.ppo_run import train
 
 pytestmark = pytest.mark.ray
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _overrides(task_dir: Path, run_dir: Path, model_dir: Path) -> list[str]:
@@ -48,25 +46,14 @@ def _overrides(task_dir: Path, run_dir: Path, model_dir: Path) -> list[str]:
     ]
 
 
-def _run(*args: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1"}
-    with tempfile.TemporaryDirectory() as tmp:
-        result_file = Path(tmp) / "result.json"
-        proc = subprocess.run(
-            [sys.executable, "-m", "tests.scale.ppo_run", "--result-file", str(result_file), *args],
-            cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert result_file.is_file(), f"no result written; stdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-2000:]}"
-        return json.loads(result_file.read_text(encoding="utf-8"))
-
-
-def test_grpo_on_two_ranks_survives_a_dead_rank_and_resumes(tiny_task_dir, tiny_model_dir, tmp_path) -> None:
+def test_grpo_on_two_ranks_survives_a_dead_rank_and_resumes(
+    ray_session, tiny_task_dir, tiny_model_dir, tmp_path
+) -> None:
     run_dir = tmp_path / "run"
     overrides = _overrides(tiny_task_dir, run_dir, tiny_model_dir)
 
     # Steps 1 and 2 train and checkpoint; rank 1's process is killed before step 3.
-    crashed = _run("--kill-rank", "1", "--at-step", "3", *overrides)
+    crashed = train(overrides, kill_rank=1, at_step=3)
     assert not crashed["finished"] and crashed["error"] == "WorkerDiedError" and crashed["rank"] == 1
     assert f"pid {crashed['pids'][1]} on {crashed['nodes'][1]}" in crashed["message"]  # rank, node, cause
     assert "rank 1 died" in crashed["message"] and "ActorDiedError" in crashed["message"]
@@ -81,7 +68,7 @@ def test_grpo_on_two_ranks_survives_a_dead_rank_and_resumes(tiny_task_dir, tiny_
     assert (last / FSDP_META_FILE).is_file() and not (run_dir / "global_step_3").exists()
     saved = read_full_model_state(last)  # the last checkpoint is intact and readable
 
-    resumed = _run(*overrides)  # resume_mode=auto: continue from global_step_2 on two new ranks
+    resumed = train(overrides)  # resume_mode=auto: continue from global_step_2 on two new ranks
     assert resumed["finished"] and resumed["global_steps"] == 3
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]

@@ -1,13 +1,14 @@
 """Chat messages with ``image_url`` parts served by a vision-language model (tiny Qwen2-VL, fp32,
 in this process through raw ASGI calls): the served greedy reply equals the plain sampler's on
-the same image and prompt, alone and joining a running batch; remote URLs and text-only models
-get a 400 that says why."""
+the same image and prompt, alone, joining a running batch, and from a model folder through
+``hybridflow serve``'s own builder; remote URLs and text-only models get a 400 that says why."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from hybridflow.inference.generation import generate
 from hybridflow.inference.generation_engine import GenerationEngine
 from hybridflow.inference.hf_decoder import HFDecoder
 from hybridflow.inference.sampling import GenerationParams
+from hybridflow.models.processor import declare_processor_class
 from hybridflow.models.tiny import build_tiny_model, build_tiny_tokenizer
 from hybridflow.models.tiny_vlm import build_tiny_vlm, build_tiny_vlm_processor
 from hybridflow.server.app import build_app
@@ -48,6 +50,16 @@ def model():
             if param.dim() == 2:
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
     return model
+
+
+@pytest.fixture(scope="module")
+def model_folder(model, processor, tmp_path_factory) -> Path:
+    """:func:`model` and its processor saved as a standard Qwen2-VL folder."""
+    folder = tmp_path_factory.mktemp("served") / "tiny-vl"
+    model.save_pretrained(folder, safe_serialization=True)
+    processor.save_pretrained(folder)
+    declare_processor_class(folder, "Qwen2VLProcessor")
+    return folder
 
 
 def _state(model, tokenizer, processor) -> ServerState:
@@ -107,6 +119,21 @@ def test_an_image_chat_gets_the_plain_samplers_greedy_reply(served, model, proce
         assert status == 200, body
         assert body["choices"][0]["message"]["content"] == want
         assert body["usage"]["completion_tokens"] >= 1
+
+
+def test_the_command_line_server_loads_the_processor_and_takes_image_parts(model_folder, model, processor) -> None:
+    from hybridflow.entrypoints.serve import build_state, parse_args
+
+    state = build_state(parse_args(["--model", str(model_folder), "--dtype", "fp32", "--served-model-name", "tiny-vl"]))
+    assert type(state.processor).__name__ == "ImagesOnlyQwen2VLProcessor"
+    image = png(84, 56, 2)
+    state.engine.start()
+    try:
+        status, body = _post(build_app(state), _chat(_data_url(image)))
+    finally:
+        state.engine.shutdown()
+    assert status == 200, body
+    assert body["choices"][0]["message"]["content"] == _sampler_text(model, processor, image)
 
 
 def test_image_requests_joining_a_running_batch_keep_their_own_pixels(served, model, processor) -> None:

@@ -6,30 +6,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from hybridflow.inference.protocol import TokenOutput
 from hybridflow.models.tiny import build_tiny_tokenizer
 from hybridflow.protocol import DataProto
+from tests.forced_tool_call import ForcedToolCall
 
 CALL_TEXT = '<tool_call>\n{"name": "check_answer", "arguments": {"answer": "84"}}\n</tool_call>'
 STEPS, BATCH, N = 2, 4, 2
-
-
-class ForcedCall:
-    """A TokenClient: each trajectory's first turn calls the tool, later turns come from the
-    tiny model (it never writes a well-formed call itself)."""
-
-    def __init__(self, tokenizer, inner) -> None:
-        self.call_ids = tokenizer.encode(CALL_TEXT, add_special_tokens=False) + [tokenizer.eos_token_id]
-        self.inner = inner
-        self.turns: dict[str, int] = {}
-
-    async def generate(self, request_id, prompt_ids, sampling, max_tokens) -> TokenOutput:
-        turn = self.turns.get(request_id, 0)
-        self.turns[request_id] = turn + 1
-        if turn > 0:
-            return await self.inner.generate(request_id, prompt_ids, sampling, max_tokens)
-        ids = self.call_ids[:max_tokens]
-        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed", weight_version=0)
 
 
 def test_two_grpo_steps_drive_a_verl_tool(verl_tools, tiny_task_dir, tiny_model_dir, tmp_path, monkeypatch):
@@ -43,7 +25,7 @@ def test_two_grpo_steps_drive_a_verl_tool(verl_tools, tiny_task_dir, tiny_model_
     monkeypatch.setattr(
         agent_loop_module,
         "InProcessClient",
-        lambda engine, stop_token_ids=None: ForcedCall(tok, real_client(engine, stop_token_ids)),
+        lambda engine, stop_token_ids=None: ForcedToolCall(tok, real_client(engine, stop_token_ids), CALL_TEXT),
     )
     seen: list[DataProto] = []
     real_adv = PolicyUpdate.compute_advantage

@@ -34,8 +34,30 @@ def tiny_overrides(task_dir: Path, run_dir: Path, model_dir: Path, *extra: str) 
     ]
 
 
+class CrashAt:
+    """Tracking stand-in that raises when asked to log ``step`` (after the step trained): a crash
+    between a supervised trainer's step and its checkpoint commit."""
+
+    def __init__(self, inner, step: int) -> None:
+        self.inner, self.step = inner, step
+
+    def log(self, data, step: int) -> None:
+        if step == self.step:
+            raise RuntimeError("simulated crash")
+        self.inner.log(data, step)
+
+    def rewind(self, next_step: int) -> None:
+        self.inner.rewind(next_step)
+
+    def finish(self) -> None:
+        self.inner.finish()
+
+
 def cut_then_resume(
-    train: Callable[[], Any], monkeypatch: pytest.MonkeyPatch, stop_at: int = 3, trainer_cls: type | None = None,
+    train: Callable[[], Any],
+    monkeypatch: pytest.MonkeyPatch,
+    stop_at: int = 3,
+    trainer_cls: type | None = None,
     method: str = "step",
 ) -> Any:
     """``train()`` stopped by a KeyboardInterrupt as ``trainer_cls.method`` (default

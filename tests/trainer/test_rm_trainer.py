@@ -40,6 +40,8 @@ from hybridflow.trainer.supervised.rm_loss import (
 from hybridflow.trainer.supervised.rm_trainer import HF_FOLDER, MODEL_DIR, to_tensordict
 from tests.numerics import TINY_DEPTH, TINY_WIDTH, assert_close_across
 
+from .conftest import CrashAt
+
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,19 +50,44 @@ ROOT = Path(__file__).resolve().parents[2]
 def pair_file(tmp_path_factory) -> Path:
     """32 one-digit arithmetic pairs (a tiny random model cannot learn addition in 40 steps, so the
     learning test validates on these training pairs: it checks that the loop fits the objective)."""
-    args = build_parser().parse_args(["arithmetic-pairs", "--out", "x", "--digits", "1", "--train-size", "32",
-                                      "--test-size", "8", "--exclude-test-size", "0"])
+    args = build_parser().parse_args(
+        [
+            "arithmetic-pairs",
+            "--out",
+            "x",
+            "--digits",
+            "1",
+            "--train-size",
+            "32",
+            "--test-size",
+            "8",
+            "--exclude-test-size",
+            "0",
+        ]
+    )
     train, _ = TASKS.get("arithmetic-pairs").build(args)
     return write_rows(train, tmp_path_factory.mktemp("rm_data") / "pairs.parquet")
 
 
 def _config(pair_file: Path, out: Path, *extra: str) -> RMConfig:
-    return load_rm_config(None, [
-        "model.path=tiny-llama", "model.dtype=fp32", f"data.train_files=[{pair_file}]", f"data.val_files=[{pair_file}]",
-        "data.max_length=128", "data.train_batch_size=8", "data.micro_batch_size_per_gpu=4", "optim.lr=2e-3",
-        "optim.lr_scheduler_type=constant", "optim.lr_warmup_steps_ratio=0", f"trainer.default_local_dir={out}",
-        "trainer.logger=[jsonl]", *extra,
-    ])
+    return load_rm_config(
+        None,
+        [
+            "model.path=tiny-llama",
+            "model.dtype=fp32",
+            f"data.train_files=[{pair_file}]",
+            f"data.val_files=[{pair_file}]",
+            "data.max_length=128",
+            "data.train_batch_size=8",
+            "data.micro_batch_size_per_gpu=4",
+            "optim.lr=2e-3",
+            "optim.lr_scheduler_type=constant",
+            "optim.lr_warmup_steps_ratio=0",
+            f"trainer.default_local_dir={out}",
+            "trainer.logger=[jsonl]",
+            *extra,
+        ],
+    )
 
 
 def _fit(config: RMConfig):
@@ -96,12 +123,19 @@ def test_accumulated_micro_batches_give_the_one_big_batch_gradient(pair_file):
         loss_fn = lambda out, micro: rm_loss(out, micro, batch_num_pairs=8)  # noqa: E731
         metrics = engine.forward_backward(batch, pair_rewards, loss_fn, MicroBatchSpec(size=size))
         assert len(metrics) == math.ceil(8 / size)
-        grads.append(({n: p.grad.clone() for n, p in engine.module.named_parameters()},
-                      sum(float(m["loss"]) for m in metrics)))
+        grads.append(
+            ({n: p.grad.clone() for n, p in engine.module.named_parameters()}, sum(float(m["loss"]) for m in metrics))
+        )
     (whole, whole_loss), *splits = grads
     for split, split_loss in splits:
-        assert_close_across(split_loss, whole_loss, dtype=torch.float32, reduction_size=TINY_WIDTH, depth=TINY_DEPTH,
-                            what="loss of the split batch")
+        assert_close_across(
+            split_loss,
+            whole_loss,
+            dtype=torch.float32,
+            reduction_size=TINY_WIDTH,
+            depth=TINY_DEPTH,
+            what="loss of the split batch",
+        )
         for name, grad in whole.items():  # equal up to float32 summation order
             torch.testing.assert_close(split[name], grad, rtol=1e-4, atol=1e-5 * float(grad.abs().max()))
     # each side runs at its own length: padding past a row changes nothing
@@ -109,13 +143,18 @@ def test_accumulated_micro_batches_give_the_one_big_batch_gradient(pair_file):
         rewards = pair_rewards(model, batch)
         for i in (0, 5):
             n = int(batch["chosen_attention_mask"][i].sum())
-            alone = last_token_scores(model, batch["chosen_input_ids"][i : i + 1, :n], torch.ones(1, n, dtype=torch.long))
+            alone = last_token_scores(
+                model, batch["chosen_input_ids"][i : i + 1, :n], torch.ones(1, n, dtype=torch.long)
+            )
             assert float(rewards[CHOSEN_REWARDS][i]) == pytest.approx(float(alone), abs=1e-5)
 
 
 def test_training_raises_validation_accuracy(pair_file, tmp_path):
-    _fit(_config(pair_file, tmp_path, "trainer.total_training_steps=40", "trainer.test_freq=20",
-                 "trainer.export_hf=false"))
+    _fit(
+        _config(
+            pair_file, tmp_path, "trainer.total_training_steps=40", "trainer.test_freq=20", "trainer.export_hf=false"
+        )
+    )
     rows = _metrics(tmp_path)
     assert [r["step"] for r in rows] == list(range(41))  # step 0: validation before training
     val = [r for r in rows if "val/accuracy" in r]
@@ -129,28 +168,16 @@ def test_training_raises_validation_accuracy(pair_file, tmp_path):
     assert rows[1]["train/lr"] == 2e-3
 
 
-class CrashAt:
-    """Tracking stand-in that raises when asked to log ``step`` (after the step trained)."""
-
-    def __init__(self, inner, step: int) -> None:
-        self.inner, self.step = inner, step
-
-    def log(self, data, step: int) -> None:
-        if step == self.step:
-            raise RuntimeError("simulated crash")
-        self.inner.log(data, step)
-
-    def rewind(self, next_step: int) -> None:
-        self.inner.rewind(next_step)
-
-    def finish(self) -> None:
-        self.inner.finish()
-
-
 def test_stop_and_resume_equals_an_uninterrupted_run(pair_file, tmp_path):
     # 32 pairs / 8 per step: step 5 is a second epoch; cosine lr with warm-up; 2 micro-batches per step
-    extra = ("trainer.total_training_steps=6", "trainer.save_freq=3", "trainer.test_freq=3", "optim.lr_warmup_steps=2",
-             "optim.lr_scheduler_type=cosine", "trainer.export_hf=false")
+    extra = (
+        "trainer.total_training_steps=6",
+        "trainer.save_freq=3",
+        "trainer.test_freq=3",
+        "optim.lr_warmup_steps=2",
+        "optim.lr_scheduler_type=cosine",
+        "trainer.export_hf=false",
+    )
     uninterrupted = _fit(_config(pair_file, tmp_path / "a", *extra))
     crashed = build_rm_trainer(_config(pair_file, tmp_path / "b", *extra))
     crashed.tracking = CrashAt(crashed.tracking, step=5)
@@ -177,7 +204,8 @@ def test_exported_folder_scores_like_the_trained_model(pair_file, tmp_path, lora
     trainer = _fit(_config(pair_file, tmp_path, *extra))
     step = tmp_path / "global_step_2"
     assert sorted(p.name for p in step.iterdir()) == sorted(
-        ["checkpoint_manifest.json", "controller_state.json", HF_FOLDER, MODEL_DIR])
+        ["checkpoint_manifest.json", "controller_state.json", HF_FOLDER, MODEL_DIR]
+    )
     trained = trainer.engine.module
     if lora:  # only the adapters and the head (peft's trainable copy of it) train
         trainable = [n for n, p in trained.named_parameters() if p.requires_grad]
@@ -212,9 +240,17 @@ def test_bad_keys_are_refused(override, message):
 
 
 def test_every_key_is_read_by_the_trainer():
-    sources = " ".join((ROOT / "hybridflow" / f).read_text() for f in (
-        "entrypoints/rm.py", "trainer/supervised/rm_trainer.py", "trainer/supervised/base.py", "config/rm_rules.py", "config/sft_rules.py",
-        "workers/engine_factory.py"))
+    sources = " ".join(
+        (ROOT / "hybridflow" / f).read_text()
+        for f in (
+            "entrypoints/rm.py",
+            "trainer/supervised/rm_trainer.py",
+            "trainer/supervised/base.py",
+            "config/rm_rules.py",
+            "config/sft_rules.py",
+            "workers/engine_factory.py",
+        )
+    )
     unread = [path for path, _, _ in iter_leaves(RMConfig) if f".{path.rpartition('.')[2]}" not in sources]
     assert unread == []
 
@@ -236,8 +272,17 @@ def test_cli_help_and_bad_input_exit_codes(pair_file, tmp_path, capsys):
     assert "the reward-model trainer runs in one process" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "What is 1 + 1?", "chosen": "2"}\n')
-    assert main(["model.path=tiny-llama", f"data.train_files=[{bad}]", "data.val_files=[]",
-                 f"trainer.default_local_dir={tmp_path / 'run'}"]) == 2
+    assert (
+        main(
+            [
+                "model.path=tiny-llama",
+                f"data.train_files=[{bad}]",
+                "data.val_files=[]",
+                f"trainer.default_local_dir={tmp_path / 'run'}",
+            ]
+        )
+        == 2
+    )
     assert f"hybridflow rm: {bad}: row 0: field 'rejected': missing column" in capsys.readouterr().err
     assert main(["model.path=tiny-llama", f"data.train_files=[{tmp_path / 'none.parquet'}]"]) == 2
     assert "data.train_files" in capsys.readouterr().err

@@ -18,22 +18,36 @@ from hybridflow.entrypoints.sft import build_sft_trainer, main
 from hybridflow.models import load_model_and_tokenizer
 from hybridflow.trainer.checkpoint import CONTROLLER_STATE, LATEST_FILE, MANIFEST_FILE
 
+from .conftest import CrashAt
+
 
 @pytest.fixture(scope="module")
 def sft_files(tmp_path_factory) -> tuple[Path, Path]:
     """16 training and 4 validation one-digit additions with worked answers."""
     train, test = generate_arithmetic(16, 4, seed=0, settings=ArithmeticSettings(min_value=0, max_value=9))
     root = tmp_path_factory.mktemp("sft_data")
-    return write_rows(add_responses(train), root / "train.parquet"), write_rows(add_responses(test), root / "test.parquet")
+    return write_rows(add_responses(train), root / "train.parquet"), write_rows(
+        add_responses(test), root / "test.parquet"
+    )
 
 
 def _config(tiny_model_dir, sft_files, out: Path, *extra: str):
     train, val = sft_files
-    return load_sft_config(None, [
-        f"model.path={tiny_model_dir}", f"data.train_files=[{train}]", f"data.val_files=[{val}]",
-        "data.max_length=96", "data.train_batch_size=4", "data.micro_batch_size_per_gpu=2",
-        "optim.lr=1e-3", f"trainer.default_local_dir={out}", "trainer.logger=[jsonl]", *extra,
-    ])
+    return load_sft_config(
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            f"data.train_files=[{train}]",
+            f"data.val_files=[{val}]",
+            "data.max_length=96",
+            "data.train_batch_size=4",
+            "data.micro_batch_size_per_gpu=2",
+            "optim.lr=1e-3",
+            f"trainer.default_local_dir={out}",
+            "trainer.logger=[jsonl]",
+            *extra,
+        ],
+    )
 
 
 def _fit(config):
@@ -51,8 +65,14 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 def test_training_the_tiny_model_lowers_the_loss(tiny_model_dir, sft_files, tmp_path):
     config = _config(
-        tiny_model_dir, sft_files, tmp_path, "trainer.total_epochs=3", "optim.lr_scheduler_type=constant",
-        "optim.lr_warmup_steps_ratio=0", "trainer.test_freq=6", "trainer.export_hf=false",
+        tiny_model_dir,
+        sft_files,
+        tmp_path,
+        "trainer.total_epochs=3",
+        "optim.lr_scheduler_type=constant",
+        "optim.lr_warmup_steps_ratio=0",
+        "trainer.test_freq=6",
+        "trainer.export_hf=false",
     )
     trainer = build_sft_trainer(config)
     before = trainer.validate()["val/loss"]
@@ -66,28 +86,15 @@ def test_training_the_tiny_model_lowers_the_loss(tiny_model_dir, sft_files, tmp_
     assert rows[-1]["train/loss"] < 0.75 * rows[0]["train/loss"]
 
 
-class CrashAt:
-    """Tracking stand-in that raises when asked to log ``step`` (after the step trained)."""
-
-    def __init__(self, inner, step: int) -> None:
-        self.inner, self.step = inner, step
-
-    def log(self, data, step: int) -> None:
-        if step == self.step:
-            raise RuntimeError("simulated crash")
-        self.inner.log(data, step)
-
-    def rewind(self, next_step: int) -> None:
-        self.inner.rewind(next_step)
-
-    def finish(self) -> None:
-        self.inner.finish()
-
-
 def test_stop_and_resume_equals_an_uninterrupted_run(tiny_model_dir, sft_files, tmp_path):
     # 8 rows / 4 per step: steps 3-4 are a second epoch; cosine lr with warm-up; 2 micro-batches per step
-    extra = ("trainer.total_training_steps=5", "trainer.save_freq=2", "trainer.test_freq=2",
-             "optim.lr_warmup_steps=1", "trainer.export_hf=false")
+    extra = (
+        "trainer.total_training_steps=5",
+        "trainer.save_freq=2",
+        "trainer.test_freq=2",
+        "optim.lr_warmup_steps=1",
+        "trainer.export_hf=false",
+    )
     _, val = sft_files
     small = write_rows(add_responses(generate_arithmetic(8, 0, seed=1)[0]), tmp_path / "small.parquet")
     files = (small, val)
@@ -116,12 +123,22 @@ def test_stop_and_resume_equals_an_uninterrupted_run(tiny_model_dir, sft_files, 
 
 
 def test_checkpoint_layout_and_loadable_hf_folder(tiny_model_dir, sft_files, tmp_path):
-    trainer = _fit(_config(tiny_model_dir, sft_files, tmp_path, "trainer.total_training_steps=2",
-                           "trainer.save_freq=1", "trainer.max_ckpt_to_keep=1"))
+    trainer = _fit(
+        _config(
+            tiny_model_dir,
+            sft_files,
+            tmp_path,
+            "trainer.total_training_steps=2",
+            "trainer.save_freq=1",
+            "trainer.max_ckpt_to_keep=1",
+        )
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_2", LATEST_FILE, "metrics.jsonl"]
     step = tmp_path / "global_step_2"
     assert sorted(p.name for p in step.iterdir()) == sorted(["actor", CONTROLLER_STATE, MANIFEST_FILE, "hf"])
-    assert {"model.safetensors", "optimizer.pt", "extra_state.pt", "tokenizer", "hf_config"} <= {p.name for p in (step / "actor").iterdir()}
+    assert {"model.safetensors", "optimizer.pt", "extra_state.pt", "tokenizer", "hf_config"} <= {
+        p.name for p in (step / "actor").iterdir()
+    }
     # the same attention kernel as training (eager and SDPA differ in the last bits)
     kernel = trainer.engine.module.config._attn_implementation
     model, tokenizer = load_model_and_tokenizer(step / "hf", attn_implementation=kernel)
@@ -134,8 +151,17 @@ def test_checkpoint_layout_and_loadable_hf_folder(tiny_model_dir, sft_files, tmp
 
 
 def test_lora_trains_only_the_adapters_and_exports_merged_weights(tiny_model_dir, sft_files, tmp_path):
-    trainer = _fit(_config(tiny_model_dir, sft_files, tmp_path, "trainer.total_training_steps=2",
-                           "model.lora_rank=4", "model.lora_alpha=8", "optim.lr=1e-2"))
+    trainer = _fit(
+        _config(
+            tiny_model_dir,
+            sft_files,
+            tmp_path,
+            "trainer.total_training_steps=2",
+            "model.lora_rank=4",
+            "model.lora_alpha=8",
+            "optim.lr=1e-2",
+        )
+    )
     base, _ = load_model_and_tokenizer(tiny_model_dir)
     peft_model = trainer.engine.module
     trained = peft_model.get_base_model().state_dict()
@@ -153,15 +179,30 @@ def test_lora_trains_only_the_adapters_and_exports_merged_weights(tiny_model_dir
 
 
 def test_multiturn_with_token_budget_micro_batches(tiny_model_dir, tmp_path):
-    chat = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"},
-            {"role": "user", "content": "And 3 + 3?"}, {"role": "assistant", "content": "6"}]
+    chat = [
+        {"role": "user", "content": "What is 2 + 2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 3 + 3?"},
+        {"role": "assistant", "content": "6"},
+    ]
     path = write_rows([{"messages": chat[: 2 + 2 * (i % 2)]} for i in range(4)], tmp_path / "chats.jsonl")
-    config = load_sft_config(None, [
-        f"model.path={tiny_model_dir}", f"data.train_files=[{path}]", "data.val_files=[]",
-        "data.multiturn.enable=true", "data.max_length=64", "data.train_batch_size=4",
-        "data.use_dynamic_bsz=true", "data.max_token_len_per_gpu=64", "trainer.total_training_steps=1",
-        f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.logger=[jsonl]", "trainer.export_hf=false",
-    ])
+    config = load_sft_config(
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            f"data.train_files=[{path}]",
+            "data.val_files=[]",
+            "data.multiturn.enable=true",
+            "data.max_length=64",
+            "data.train_batch_size=4",
+            "data.use_dynamic_bsz=true",
+            "data.max_token_len_per_gpu=64",
+            "trainer.total_training_steps=1",
+            f"trainer.default_local_dir={tmp_path / 'run'}",
+            "trainer.logger=[jsonl]",
+            "trainer.export_hf=false",
+        ],
+    )
     trainer = _fit(config)
     row = _metrics(tmp_path / "run")[0]
     assert row["train/num_loss_tokens"] == 2 * 2 + 2 * 4  # "4" + eos per turn; 1 or 2 turns per chat
@@ -170,8 +211,14 @@ def test_multiturn_with_token_budget_micro_batches(tiny_model_dir, tmp_path):
 
 def test_cli_runs_and_reports_bad_config_and_bad_data(tiny_model_dir, sft_files, tmp_path, capsys):
     train, val = sft_files
-    common = [f"model.path={tiny_model_dir}", f"data.val_files=[{val}]", "data.max_length=96",
-              "data.train_batch_size=8", f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.total_training_steps=1"]
+    common = [
+        f"model.path={tiny_model_dir}",
+        f"data.val_files=[{val}]",
+        "data.max_length=96",
+        "data.train_batch_size=8",
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+        "trainer.total_training_steps=1",
+    ]
     assert main([*common, f"data.train_files=[{train}]"]) == 0
     out = capsys.readouterr().out
     assert f"Hugging Face model folder: {tmp_path / 'run' / 'global_step_1' / 'hf'}" in out
@@ -180,12 +227,17 @@ def test_cli_runs_and_reports_bad_config_and_bad_data(tiny_model_dir, sft_files,
     assert main([*common, "data.max_lenght=96"]) == 2
     assert "data.max_lenght: unknown key; did you mean data.max_length?" in capsys.readouterr().err
 
-    bad = write_rows([{"prompt": "Hi", "response": "ok"}] * 7 + [{"prompt": "Hi", "response": None}], tmp_path / "bad.jsonl")
+    bad = write_rows(
+        [{"prompt": "Hi", "response": "ok"}] * 7 + [{"prompt": "Hi", "response": None}], tmp_path / "bad.jsonl"
+    )
     assert main([*common, f"data.train_files=[{bad}]", "trainer.resume_mode=disable"]) == 2
     assert f"{bad}: row 7: field 'response': expected a string, got NoneType" in capsys.readouterr().err
 
     assert main([*common, f"data.train_files=[{train}]", f"model.path={tmp_path / 'no_model'}"]) == 2
-    assert f"hybridflow sft: error: model path '{tmp_path / 'no_model'}' is not an existing folder" in capsys.readouterr().err
+    assert (
+        f"hybridflow sft: error: model path '{tmp_path / 'no_model'}' is not an existing folder"
+        in capsys.readouterr().err
+    )
 
 
 def test_grpo_starts_from_the_sft_hf_folder(tiny_model_dir, sft_files, tiny_task_dir, tmp_path):
@@ -202,12 +254,19 @@ def test_grpo_starts_from_the_sft_hf_folder(tiny_model_dir, sft_files, tiny_task
     assert math.isfinite(row["actor/pg_loss"])
 
 
-def test_a_crash_between_a_steps_row_and_its_commit_leaves_one_row_per_step(tiny_model_dir, sft_files, tmp_path,
-                                                                           monkeypatch):
+def test_a_crash_between_a_steps_row_and_its_commit_leaves_one_row_per_step(
+    tiny_model_dir, sft_files, tmp_path, monkeypatch
+):
     from hybridflow.trainer import checkpoint as ckpt
 
-    config = _config(tiny_model_dir, sft_files, tmp_path, "trainer.total_training_steps=3", "trainer.save_freq=1",
-                     "trainer.export_hf=false")
+    config = _config(
+        tiny_model_dir,
+        sft_files,
+        tmp_path,
+        "trainer.total_training_steps=3",
+        "trainer.save_freq=1",
+        "trainer.export_hf=false",
+    )
     real_commit = ckpt.commit_checkpoint
 
     def commit(paths, step, keep):

@@ -29,25 +29,6 @@ STEPS = 3
 TOKEN_ROWS = 4
 
 
-class ForcedToolCall:
-    """A token client: turn 1 of each trajectory is a calculator call, later turns the model's."""
-
-    def __init__(self, tokenizer: Any, inner: Any) -> None:
-        self.call_ids = tokenizer.encode(CALL_TEXT, add_special_tokens=False) + [tokenizer.eos_token_id]
-        self.inner = inner
-        self.turns: dict[str, int] = {}
-
-    async def generate(self, request_id: str, prompt_ids: Any, sampling: Any, max_tokens: int) -> Any:
-        from hybridflow.inference.protocol import TokenOutput
-
-        turn = self.turns.get(request_id, 0)
-        self.turns[request_id] = turn + 1
-        if turn > 0:
-            return await self.inner.generate(request_id, prompt_ids, sampling, max_tokens)
-        ids = self.call_ids[:max_tokens]
-        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed", weight_version=0)
-
-
 def overrides(task_dir: Path, model_dir: Path, run_dir: Path, scorer: Path, tools: Path) -> list[str]:
     return [
         f"data.train_files=[{task_dir / 'train.parquet'}]",
@@ -85,13 +66,14 @@ def record_run(out: Path, model_dir: Path, task_dir: Path) -> Path:
     import hybridflow.workers.rollout.agent_loop as agent_loop_module
     from hybridflow.config import load_config
     from hybridflow.entrypoints.train import run
+    from tests.forced_tool_call import ForcedToolCall
 
     scorer, tools, run_dir = out / "scorer.py", out / "tools.yaml", out / "run"
     scorer.write_text(SCORER)
     tools.write_text("tools:\n  - class_name: hybridflow.tools.calculator.CalculatorTool\n    config: {type: native}\n")
     real_client = agent_loop_module.InProcessClient
     agent_loop_module.InProcessClient = lambda engine, stop_token_ids=None: ForcedToolCall(  # type: ignore[misc]
-        _tokenizer(model_dir), real_client(engine, stop_token_ids)
+        _tokenizer(model_dir), real_client(engine, stop_token_ids), CALL_TEXT
     )
     try:
         run(load_config(None, overrides(task_dir, model_dir, run_dir, scorer, tools)))
@@ -108,6 +90,7 @@ def _tokenizer(model_dir: Path) -> Any:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: tests/forced_tool_call.py
     from hybridflow.entrypoints.data import main as data_main
     from hybridflow.models.tiny import save_tiny_model
 

@@ -139,12 +139,15 @@ def test_tool_conversation_turns_and_token_overlay(page, serve, recorded_run):
     nonzero = sum(a not in (0.0, None) for a in row["advantages"])
     assert sum(c not in ("", "transparent", "rgba(0, 0, 0, 0)") for c in colours) == nonzero > 0
     options = page.execute_script("return [...document.querySelectorAll('#ro-overlay option')].map(o => o.value)")
-    assert {"advantages", "old_log_probs", "rollout_log_probs", "is_ratio"} <= set(options)
-    page.execute_script(
-        "const o = document.getElementById('ro-overlay'); o.value = 'old_log_probs'; o.dispatchEvent(new Event('change'))"
-    )
-    titles = page.execute_script("return [...document.querySelectorAll('#ro-conversation .tok')].map(s => s.title)")
-    assert titles[0].endswith(f"old_log_probs={_js_format(row['old_log_probs'][0])}")
+    assert {"advantages", "old_log_probs", "rollout_log_probs", "entropys", "is_ratio"} <= set(options)
+    for key in ("old_log_probs", "entropys"):
+        page.execute_script(
+            f"const o = document.getElementById('ro-overlay'); o.value = '{key}'; o.dispatchEvent(new Event('change'))"
+        )
+        titles = page.execute_script("return [...document.querySelectorAll('#ro-conversation .tok')].map(s => s.title)")
+        assert titles[0].endswith(f"{key}={_js_format(row[key][0])}")
+    legend = page.find_element("css selector", "#ro-detail p.hint").text
+    assert legend.startswith("entropy: ") and min(row["entropys"]) >= 0.0
 
 
 def _js_format(v: float) -> str:

@@ -6,17 +6,19 @@ built-in ``torch`` rollout for this one) or by name. It is a :class:`TorchRollou
 ``rollout.agent.default_agent_loop``) instead of one plain generation; a batch with neither
 ``multi_turn.enable`` nor an ``agent_name`` column takes the plain path.
 
-The loops talk to an :class:`~hybridflow.inference.client.InProcessClient` on a
-:class:`~hybridflow.inference.generation_engine.GenerationEngine` built on the rollout's module for the
-call and shut down after it, so every call samples from the current weights: the actor's live
-module when colocated, or the copy :meth:`update_weights` refreshed. All rows run
+The loops talk to an :class:`~hybridflow.inference.client.InProcessClient` on the rollout's one
+:class:`~hybridflow.inference.generation_engine.GenerationEngine`
+(:class:`~hybridflow.workers.rollout.engine_holder.EngineHolder`: built on first use on the
+rollout's own decoder, started once, stopped by :meth:`AgentLoopRollout.close`). The decoder
+re-packs weights only when they changed, so every call samples from the current weights: the
+actor's live module when colocated, or the copy :meth:`update_weights` refreshed. All rows run
 concurrently on one event loop, so their requests share the engine's forward passes.
 
-Rows with images (a non-empty ``multi_modal_inputs``) whose loop is ``single_turn_agent`` are
-answered by the plain image-taking sampler (:class:`TorchRollout`; the single-turn loop is
-token for token the plain rollout), with the agent columns of a single-turn trajectory; the
-agent engine takes token ids only, so any other loop, and partial rollout, refuse image rows
-with a clear error.
+Rows with images (a non-empty ``multi_modal_inputs``) go through their loops like text rows: the
+loops send each request the row's image inputs and the prompt's 3-D positions
+(:mod:`hybridflow.agent.images`), later turns continue the same sequence, and partial rollout
+resubmits with the images. The output then has ``position_ids`` (B, 3, P+T) and keeps each row's
+``multi_modal_inputs``, as the plain sampler's does.
 
 Output: verl's fields as collated by :func:`hybridflow.agent.collate.collate_trajectories`
 (``response_mask`` 0 on tool / separator tokens), the agent columns (``__num_turns__``,
@@ -28,8 +30,6 @@ Output: verl's fields as collated by :func:`hybridflow.agent.collate.collate_tra
 from __future__ import annotations
 
 import threading
-import time
-from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
@@ -38,27 +38,22 @@ import torch
 from torch import nn
 
 from hybridflow import fields as F
-from hybridflow.agent.base import AgentContext, agent_loop_table, has_images
-from hybridflow.agent.collate import NUM_TURNS, TOOL_CALL_COUNTS, TOOL_REWARDS, TURN_SCORES
-from hybridflow.agent.runner import AGENT_NAME, DEFAULT_AGENT_LOOP, run_agent_loops
+from hybridflow.agent.base import AgentContext, agent_loop_table
+from hybridflow.agent.images import VisionTokens, vision_tokens
+from hybridflow.agent.runner import AGENT_NAME, run_agent_loops
 from hybridflow.config.actor_rollout_ref import RolloutConfig
 from hybridflow.fields import EXTRA_INFO
 from hybridflow.inference.client import InProcessClient
-from hybridflow.inference.engine_queue import ShuttingDown
 from hybridflow.inference.generation_engine import GenerationEngine
 from hybridflow.inference.partial_rollout import PartialRolloutClient
 from hybridflow.inference.protocol import SamplingParams
 from hybridflow.inference.sampling import GenerationParams
 from hybridflow.protocol import DataProto
-from hybridflow.protocol.rows import object_array
 from hybridflow.tools.registry import build_tools
 from hybridflow.utils.async_run import run_coroutine
 from hybridflow.workers.rollout.base import ROLLOUTS, RolloutCapabilities, RolloutOutput
-from hybridflow.workers.rollout.torch_rollout import (
-    TorchRollout,
-    _compute_dtype,
-    pad_token_id,
-)
+from hybridflow.workers.rollout.engine_holder import EngineHolder
+from hybridflow.workers.rollout.torch_rollout import TorchRollout, pad_token_id
 
 TOOLS_KWARGS = "tools_kwargs"
 
@@ -125,10 +120,18 @@ class AgentLoops:
         )
 
     def run(
-        self, prompts: DataProto, client: Any, params: GenerationParams, *, seed: int, pad: int, prompt_length: int
+        self,
+        prompts: DataProto,
+        client: Any,
+        params: GenerationParams,
+        *,
+        seed: int,
+        pad: int,
+        prompt_length: int,
+        vision: VisionTokens | None = None,
     ) -> RolloutOutput:
         """Every row through its loop, concurrently, on ``client``; verl's fields collated, and
-        the loops' metrics."""
+        the loops' metrics. ``vision``: the model's vision tokens when ``client`` takes images."""
         meta = prompts.meta_info
         context = AgentContext(
             client=client,
@@ -136,6 +139,7 @@ class AgentLoops:
             response_length=params.max_new_tokens,
             tools=self.tools,
             chat_template_kwargs=dict(meta.get(F.META_CHAT_TEMPLATE_KWARGS) or {}),
+            vision=vision,
         )
         out = run_coroutine(
             run_agent_loops(
@@ -150,13 +154,21 @@ class AgentLoops:
         )
         device = prompts.batch["input_ids"].device if prompts.batch is not None else torch.device("cpu")
         metrics = out.meta_info.pop(F.META_METRICS, None) or {}  # the collate's hand-over: a value from here on
-        return RolloutOutput(out.to(device), metrics)
+        return RolloutOutput(_positions_like_prompts(out, prompts).to(device), metrics)
 
 
-def image_rows(prompts: DataProto) -> bool:
-    """Whether some row of ``prompts`` carries image inputs."""
-    column = prompts.non_tensor_batch.get(F.MULTI_MODAL_INPUTS)
-    return column is not None and any(has_images({F.MULTI_MODAL_INPUTS: row}) for row in column)
+def _positions_like_prompts(out: DataProto, prompts: DataProto) -> DataProto:
+    """A batch of a multimodal data set holds (B, 3, P) positions even when none of its rows has
+    an image; its trajectories then get 3-D positions too (text counts up alike on every axis),
+    as the plain sampler's output would."""
+    given = (
+        prompts.batch[F.POSITION_IDS] if prompts.batch is not None and F.POSITION_IDS in prompts.batch.keys() else None
+    )
+    batch = out.require_batch()
+    positions = batch[F.POSITION_IDS]
+    if given is not None and given.dim() == 3 and positions.dim() == 2:
+        batch[F.POSITION_IDS] = positions[:, None, :].expand(-1, given.shape[1], -1).clone()
+    return out
 
 
 def batch_seed(meta: dict[str, Any], generator: torch.Generator) -> int:
@@ -184,15 +196,22 @@ class AgentLoopRollout(TorchRollout):
     ) -> None:
         super().__init__(config, model, tokenizer, dtype=dtype, decoder=decoder, weight_format=weight_format)
         self.loops = AgentLoops(config, tokenizer)
-        self.engine_decoder = decoder
-        self.engine_dtype = _compute_dtype(dtype)
+        self.vision = vision_tokens(getattr(model, "config", None))
         self.enabled = bool(config.multi_turn.enable)
-        # Partial rollout (asynchronous training): the engine of the call in flight can be
-        # aborted, given new weights while paused, and resumed; the loops resubmit what was cut.
+        # Partial rollout (asynchronous training): the engine's calls in flight can be aborted,
+        # given new weights while paused, and resumed; the loops resubmit what was cut.
         self.partial_rollout = False
-        self.weight_version = 0
         self._swap_lock = threading.RLock()  # engine creation vs. a weight swap and its version
-        self.live_engine: GenerationEngine | None = None
+        self.engines = EngineHolder(model, self.decoder, self._swap_lock, seed=int(self.generator.initial_seed()))
+
+    @property
+    def weight_version(self) -> int:
+        return self.engines.weight_version
+
+    @property
+    def live_engine(self) -> GenerationEngine | None:
+        """The engine while an agent-loop call is in flight (None otherwise)."""
+        return self.engines.live
 
     def uses_agent_loop(self, prompts: DataProto) -> bool:
         """True when this batch goes through the agent loops (always with partial rollout:
@@ -211,9 +230,8 @@ class AgentLoopRollout(TorchRollout):
 
     def generate_with_metrics(self, prompts: DataProto) -> RolloutOutput:
         if not self.uses_agent_loop(prompts):
-            return RolloutOutput(super().generate_sequences(prompts), {})
-        if image_rows(prompts):
-            return self._single_turn_images(prompts)
+            with self.engines.plain_call():  # the plain sampler steps the decoder the engine shares
+                return RolloutOutput(super().generate_sequences(prompts), {})
         meta = dict(prompts.meta_info)
         params = self.sampling_params(meta)
         pad = pad_token_id(meta, self.default_pad)
@@ -221,20 +239,8 @@ class AgentLoopRollout(TorchRollout):
         self._check_lengths(width, params.max_new_tokens)
         seed = batch_seed(meta, self.generator)
         stops = () if params.ignore_eos else params.stop_token_ids
-        with self.swap_lock:
-            engine = GenerationEngine(
-                self.model,
-                pad,
-                decoder=self.engine_decoder,
-                dtype=self.engine_dtype,
-                max_rows=max(1, len(prompts)),
-                seed=seed,
-            )
-            engine.weight_version = self.weight_version
-            engine.start()
-            self.live_engine = engine
-        client = InProcessClient(engine, stop_token_ids=stops)
-        try:
+        with self.engines.agent_call(len(prompts), pad) as engine:
+            client = InProcessClient(engine, stop_token_ids=stops)
             return self.loops.run(
                 prompts,
                 PartialRolloutClient(client) if self.partial_rollout else client,
@@ -242,72 +248,21 @@ class AgentLoopRollout(TorchRollout):
                 seed=seed,
                 pad=pad,
                 prompt_length=self.config.prompt_length or width,
+                vision=self.vision,
             )
-        finally:
-            with self.swap_lock:
-                self.live_engine = None
-            engine.shutdown()
-
-    def _single_turn_images(self, prompts: DataProto) -> RolloutOutput:
-        """Image rows of ``single_turn_agent``: the plain sampler (which takes their pixels) and
-        the agent columns of one-turn trajectories (2 turns, no tool calls)."""
-        names = prompts.non_tensor_batch.get(AGENT_NAME)
-        loops = {str(name or self.loops.default_agent_loop) for name in names} if names is not None else set()
-        loops = loops or {self.loops.default_agent_loop}
-        if self.partial_rollout or loops != {DEFAULT_AGENT_LOOP}:
-            what = (
-                "partial rollout" if self.partial_rollout else f"agent loop(s) {sorted(loops - {DEFAULT_AGENT_LOOP})}"
-            )
-            raise ValueError(
-                f"{what} cannot take rows with images yet: the agent engine generates from token ids only; "
-                f"image rows are supported by {DEFAULT_AGENT_LOOP} on the built-in rollout (docs/vision.md)"
-            )
-        out = super().generate_sequences(prompts)
-        rows = len(out)
-        out.non_tensor_batch[NUM_TURNS] = np.full(rows, 2, dtype=np.int32)
-        out.non_tensor_batch[TOOL_CALL_COUNTS] = np.zeros(rows, dtype=np.int64)
-        out.non_tensor_batch[TURN_SCORES] = object_array([[] for _ in range(rows)])
-        out.non_tensor_batch[TOOL_REWARDS] = object_array([[] for _ in range(rows)])
-        out.non_tensor_batch[F.WEIGHT_VERSION_MIN] = np.full(rows, self.weight_version, dtype=np.int64)
-        out.non_tensor_batch[F.WEIGHT_VERSION_MAX] = np.full(rows, self.weight_version, dtype=np.int64)
-        metrics = {f"{name}/{stat}": value for name, value in (("num_turns", 2.0), ("tool_call_counts", 0.0))
-                   for stat in ("min", "max", "mean")}  # fmt: skip
-        return RolloutOutput(out, metrics)
 
     def abort_generation(self) -> int:
-        """Abort the requests of the call in flight (they hand back their tokens and are
+        """Abort the requests of the calls in flight (they hand back their tokens and are
         resubmitted, held until :meth:`resume_generation`); the number aborted, 0 if none."""
-        with self.swap_lock:
-            engine = self.live_engine
-            return _wait(engine.abort_all(), engine) if engine is not None else 0
+        return self.engines.abort()
 
     def resume_generation(self) -> None:
-        with self.swap_lock:
-            if self.live_engine is not None:
-                _wait(self.live_engine.resume_generation(), self.live_engine)
-
-    def weights_changed(self) -> None:
-        super().weights_changed()
-        with self.swap_lock:
-            if self.live_engine is not None:
-                self.live_engine.decoder.invalidate_weights()
+        self.engines.resume()
 
     def set_weight_version(self, version: int) -> None:
-        """The version of the module's weights now (the live engine stamps it on new tokens)."""
-        with self.swap_lock:
-            self.weight_version = int(version)
-            if self.live_engine is not None:
-                self.live_engine.weight_version = int(version)
+        """The version of the module's weights now (the engine stamps it on new tokens)."""
+        self.engines.set_weight_version(version)
 
-
-def _wait(future: Any, engine: GenerationEngine, timeout_s: float = 600.0) -> Any:
-    """The engine control's result; None if the engine stopped first (its call had finished)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return future.result(timeout=0.05)
-        except FutureTimeout:
-            if not engine.alive or time.monotonic() > deadline:
-                return 0
-        except ShuttingDown:
-            return 0
+    def close(self) -> None:
+        """Stop the engine thread (a later call starts a fresh engine)."""
+        self.engines.close()

@@ -116,6 +116,9 @@ class BaseRollout(ABC):
         """The module this rollout samples from had its tensors replaced in place (a weight
         sync's swap): drop anything derived from them (default: nothing is)."""
 
+    def close(self) -> None:
+        """Stop what the rollout keeps for its life (an engine thread); default: nothing."""
+
     # --- capability: sleep_wake ---------------------------------------------------------------
     def release(self) -> None:
         """Free memory held between rollouts (KV cache, packed weights)."""

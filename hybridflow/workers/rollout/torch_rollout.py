@@ -33,6 +33,7 @@ from hybridflow.config.actor_rollout_ref import RolloutConfig
 from hybridflow.engine.multimodal_inputs import vision_token_ids
 from hybridflow.inference.decoders import build_decoder
 from hybridflow.inference.generation import Generated, generate
+from hybridflow.inference.positions import response_positions
 from hybridflow.inference.sampling import GenerationParams
 from hybridflow.inference.weights import load_named_tensors
 from hybridflow.protocol import DataProto
@@ -94,17 +95,6 @@ def rollout_sampling(config: RolloutConfig, meta: Mapping[str, Any], default_eos
         stop_token_ids=tuple(dict.fromkeys(stops)),
         ignore_eos=config.ignore_eos,
     )
-
-
-def response_positions(prompt_pos: torch.Tensor, steps: int) -> torch.Tensor:
-    """The positions of ``steps`` response tokens after left-padded prompts: (B, P) → (B, T),
-    the last prompt position + 1, + 2, …; per-axis (B, 3, P) → (B, 3, T), the row's largest
-    prompt position + 1, + 2, … on every axis (response tokens are text)."""
-    delta = torch.arange(1, steps + 1, device=prompt_pos.device, dtype=prompt_pos.dtype)
-    if prompt_pos.dim() == 2:
-        return prompt_pos[:, -1:] + delta[None]
-    start = prompt_pos.amax(dim=(1, 2))
-    return (start[:, None] + delta[None])[:, None, :].expand(-1, prompt_pos.shape[1], -1)
 
 
 @ROLLOUTS.register("torch")

@@ -390,6 +390,8 @@ class RolloutWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def close(self) -> None:
-        """Release the weight sync's connections and files."""
+        """Stop the rollout's engine thread; release the weight sync's connections and files."""
+        if self._rollout is not None:
+            self._rollout.close()
         if self._sync is not None:
             self._sync.close()
