@@ -150,6 +150,14 @@ def one_step(trainer: Any, batches: Any, rows: int) -> tuple[dict[str, Any], lis
     return record, prompt_ids
 
 
+def held_out_accuracy(metrics: dict[str, float]) -> float:
+    """The share of held-out prompts solved: the scorer's ``acc`` (``val-aux/*/acc/mean@1``, averaged over
+    data sources) where it returns one — countdown's score gives 0.1 for a wrong but well-formed equation —
+    else the mean score ``val-core/mean``."""
+    accs = [v for k, v in metrics.items() if k.startswith("val-aux/") and "/acc/mean@" in k]
+    return sum(accs) / len(accs) if accs else metrics[VAL_KEY]
+
+
 def endless(loader: Any):
     while True:
         yield from loader
@@ -198,12 +206,12 @@ def run(settings: BenchSettings) -> dict[str, Any]:
 
 def learn(trainer: Any, batches: Any, settings: BenchSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Train for ``budget_s`` seconds of step time, validating greedily on the test file on schedule."""
-    clock = LearningClock(settings.budget_s, settings.eval_every_s)
+    clock = LearningClock(settings.budget_s, settings.eval_every_s, settings.start_eval)
     steps, evals = [], []
     while True:
         if clock.eval_due() or clock.done():
             start = time.perf_counter()
-            accuracy = trainer.validate()[VAL_KEY]
+            accuracy = held_out_accuracy(trainer.validate())
             evals.append({"train_s": clock.train_s, "step": len(steps), "accuracy": accuracy,
                           "eval_s": time.perf_counter() - start})
             print(f"[hybridflow] train {clock.train_s:.0f} s, step {len(steps)}: greedy accuracy {accuracy:.3f}", flush=True)

@@ -169,11 +169,12 @@ class StepClock(TrainerCallback):
         self.test_rows = test_rows
         self.step_times: list[float] = []
         self.evals: list[dict[str, Any]] = []
-        self.clock = LearningClock(settings.budget_s, settings.eval_every_s) if settings.budget_s else None
+        self.clock = (LearningClock(settings.budget_s, settings.eval_every_s, settings.start_eval)
+                      if settings.budget_s else None)
         self._start = 0.0
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if self.clock is not None:
+        if self.clock is not None and self.settings.start_eval:
             self._eval(kwargs["model"], kwargs["processing_class"])
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -203,7 +204,8 @@ class StepClock(TrainerCallback):
 
 
 def greedy_accuracy(model, tokenizer, rows: list[dict[str, Any]], max_new_tokens: int, batch: int = 64) -> float:
-    """Mean score of greedy completions (HF ``generate``, left-padded batches) on ``rows``."""
+    """Share of ``rows`` solved by greedy completions (HF ``generate``, left-padded batches): the
+    scorer's ``acc`` where it returns one, else its score."""
     was_training = model.training
     model.eval()
     tokenizer.padding_side = "left"
@@ -216,8 +218,10 @@ def greedy_accuracy(model, tokenizer, rows: list[dict[str, Any]], max_new_tokens
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
         completions = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        scores += hybridflow_reward([], completions, **{k: [r[k] for r in chunk] for k in
-                                                         (F.DATA_SOURCE, F.REWARD_MODEL, F.EXTRA_INFO)})
+        for text, row in zip(completions, chunk, strict=True):
+            score, extra = normalize_result(default_compute_score(
+                row[F.DATA_SOURCE], text, row[F.REWARD_MODEL]["ground_truth"], row[F.EXTRA_INFO]))
+            scores.append(float(extra.get("acc", score)))  # solved or not, as the hybridflow side counts
     model.train(was_training)
     return sum(scores) / len(scores)
 

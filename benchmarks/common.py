@@ -75,6 +75,7 @@ class BenchSettings:
     test_file: str | None = None
     budget_s: float | None = None
     eval_every_s: float | None = None
+    start_eval: bool = True  # evaluate at 0 s (a later seed of the same model may skip it: greedy, same score)
 
     def __post_init__(self) -> None:
         positive = ("prompts_per_step", "max_new_tokens", "micro_batch", "threads", "steps")
@@ -135,27 +136,22 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
     return out
 
 
-def write_arithmetic_task(out_dir: Path, train_size: int, test_size: int, seed: int = 0, digits: int = 2) -> Path:
-    """The built-in arithmetic task (``hybridflow data arithmetic``) in ``out_dir``; returns the folder."""
+def write_task(out_dir: Path, task: str, train_size: int, test_size: int, seed: int = 0,
+               extra_args: list[str] | None = None) -> Path:
+    """A built-in task (``hybridflow data TASK``) in ``out_dir``; returns the folder."""
     sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing
     from hybridflow.entrypoints.data import main as data_main
 
-    argv = [
-        "arithmetic",
-        "--out",
-        str(out_dir),
-        "--train-size",
-        str(train_size),
-        "--test-size",
-        str(test_size),
-        "--seed",
-        str(seed),
-        "--digits",
-        str(digits),
-    ]
+    argv = [task, "--out", str(out_dir), "--train-size", str(train_size), "--test-size", str(test_size),
+            "--seed", str(seed), *(extra_args or [])]
     if data_main(argv) != 0:
         raise RuntimeError(f"hybridflow data {' '.join(argv)} failed")
     return out_dir
+
+
+def write_arithmetic_task(out_dir: Path, train_size: int, test_size: int, seed: int = 0, digits: int = 2) -> Path:
+    """The built-in arithmetic task (``hybridflow data arithmetic``) in ``out_dir``; returns the folder."""
+    return write_task(out_dir, "arithmetic", train_size, test_size, seed, ["--digits", str(digits)])
 
 
 # ---------------------------------------------------------------------------------- children
@@ -503,14 +499,19 @@ def _cell(value: Any) -> str:
 class LearningClock:
     """Training-time bookkeeping of the learning mode (evaluation time is never added).
 
-    Evaluate at 0 s, then each time another ``eval_every_s`` seconds of training passed; stop
-    once ``budget_s`` seconds of training passed.
+    Evaluate at 0 s (unless ``start_eval`` is false), then each time another ``eval_every_s``
+    seconds of training passed; stop once ``budget_s`` seconds of training passed.
     """
 
     budget_s: float
     eval_every_s: float
+    start_eval: bool = True
     train_s: float = 0.0
     next_eval_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.start_eval:
+            self.next_eval_s = self.eval_every_s
 
     def add(self, step_s: float) -> None:
         self.train_s += step_s

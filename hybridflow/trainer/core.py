@@ -234,19 +234,24 @@ class PPOTrainer:
         """Flush the loggers and stop the worker processes (Ray actors, reward scorers) of this run.
 
         Shutting the worker groups down drops the workers, and with them the models and
-        optimizers (the shared-policy table and the rollout's step hook hold them only weakly);
-        that happens even when flushing a logger fails, whose error is raised afterwards.
+        optimizers (the shared-policy table and the rollout's step hook hold them only weakly).
+        Every step runs even when an earlier one fails — a logger that cannot flush, a rollout
+        worker that died (``WorkerError`` from its close) — and the first error is raised at the end.
         """
-        try:
-            self.tracking.finish()
-        finally:
-            self.workers.rollout.close()  # the weight sync's connections / temporary files
-            for group in self.workers.owners:
-                group.shutdown()
-            for service in self.services:
-                service.close()
-            reward_fns = (self.producer.reward_fn, self.producer.val_reward_fn)
-            for reward_fn in {id(fn): fn for fn in reward_fns}.values():
-                close = getattr(reward_fn, "close", None)  # a plain function stands for a manager in tests
-                if callable(close):
-                    close()
+        reward_fns = {id(fn): fn for fn in (self.producer.reward_fn, self.producer.val_reward_fn)}.values()
+        steps = [
+            self.tracking.finish,
+            self.workers.rollout.close,  # the weight sync's connections / temporary files
+            *(group.shutdown for group in self.workers.owners),
+            *(service.close for service in self.services),
+            # a plain function stands for a reward manager in tests: nothing to close
+            *(fn.close for fn in reward_fns if callable(getattr(fn, "close", None))),
+        ]
+        first_error: BaseException | None = None
+        for step in steps:
+            try:
+                step()
+            except BaseException as exc:  # noqa: BLE001 - the rest must still be shut down; re-raised below
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error

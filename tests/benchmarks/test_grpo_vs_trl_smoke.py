@@ -158,3 +158,75 @@ def test_trl_reward_function_is_hybridflows_arithmetic_scorer(bench):
     chat = [[{"role": "assistant", "content": text}] for text in ("23 + 45 = 68. #### 68", "#### 67", "it is 68")]
     assert reward([], chat, **columns) == [1.0, 0.0, 1.0]  # the last: lenient last-number rule
     assert reward([], ["#### 68", "no number", "#### 68.0"], **columns) == [1.0, 0.0, 1.0]
+
+
+def test_learning_clock_can_skip_the_evaluation_at_zero(bench):
+    clock = bench("common").LearningClock(budget_s=10.0, eval_every_s=4.0, start_eval=False)
+    evaluated_at = []
+    for step_s in (3.0, 3.0, 3.0, 3.0):
+        if clock.eval_due():
+            evaluated_at.append(clock.train_s)
+            clock.mark_evaluated()
+        clock.add(step_s)
+    assert evaluated_at == [6.0, 9.0]
+
+
+def test_held_out_accuracy_counts_solved_prompts_not_format_credit(bench):
+    accuracy = bench("_hybridflow_side").held_out_accuracy
+    metrics = {"val-core/mean": 0.37, "val-core/hybridflow/countdown/reward/mean@1": 0.37,
+               "val-aux/hybridflow/countdown/acc/mean@1": 0.3, "val-aux/hybridflow/countdown/formatted/mean@1": 0.9}
+    assert accuracy(metrics) == pytest.approx(0.3)
+    assert accuracy({"val-core/mean": 0.5}) == 0.5  # a scorer without acc: its mean score
+    two_sources = {"val-core/mean": 0.5, "val-aux/a/acc/mean@1": 0.2, "val-aux/b/acc/mean@1": 0.6}
+    assert accuracy(two_sources) == pytest.approx(0.4)
+
+
+def test_trl_greedy_accuracy_counts_countdown_acc_not_the_format_score(bench):
+    side = bench("_trl_side")
+    from hybridflow.data.tasks.countdown import DATA_SOURCE
+
+    rows = [{"prompt": [{"role": "user", "content": "q"}], "data_source": DATA_SOURCE,
+             "reward_model": {"style": "rule", "ground_truth": {"target": 9, "numbers": [1, 2, 3]}},
+             "extra_info": {"index": i}} for i in range(3)]
+    completions = ["#### (1 + 2) * 3", "#### 1 + 2 + 3", "no equation"]  # solved, well-formed but 6, nothing
+
+    class Fake:  # stands in for model + tokenizer: returns the completions above as generated text
+        training = False
+        padding_side = "right"
+        pad_token_id = eos_token_id = 0
+
+        def eval(self):
+            pass
+
+        def train(self, mode):
+            pass
+
+        def apply_chat_template(self, messages, **kw):
+            return messages[0]["content"]
+
+        def __call__(self, texts, **kw):
+            return {"input_ids": side.torch.zeros(len(texts), 1, dtype=side.torch.long)}
+
+        def generate(self, input_ids, **kw):
+            return side.torch.zeros(len(input_ids), 2, dtype=side.torch.long)
+
+        def batch_decode(self, ids, **kw):
+            return completions[: len(ids)]
+
+    fake = Fake()
+    assert side.greedy_accuracy(fake, fake, rows, max_new_tokens=4) == pytest.approx(1 / 3)
+
+
+def test_learning_summary_over_seeds_by_hand(bench):
+    learning = bench("learning_vs_trl")
+    runs = [{"evals": [{"train_s": 0.0, "accuracy": 0.25}, {"train_s": 300.0, "accuracy": 0.5}]},
+            {"evals": [{"train_s": 0.0, "accuracy": 0.25}, {"train_s": 306.0, "accuracy": 0.6}]},
+            {"evals": [{"train_s": 0.0, "accuracy": 0.25}, {"train_s": 312.0, "accuracy": 0.7}]}]
+    start, end = learning.over_seeds(runs, test_size=400)
+    assert start["accuracy_sd"] == 0.0 and start["accuracy_mean"] == 0.25
+    assert end["train_min"] == pytest.approx(5.1)
+    assert end["accuracy_mean"] == pytest.approx(0.6)
+    assert (end["accuracy_min"], end["accuracy_max"]) == (0.5, 0.7)
+    assert end["accuracy_sd"] == pytest.approx(0.1)  # sample sd of 0.5, 0.6, 0.7
+    assert end["se_one_run"] == pytest.approx((0.6 * 0.4 / 400) ** 0.5)  # 0.0245: ≤ 2.5 points at 400 prompts
+    assert learning.binomial_se(0.5, 400) == pytest.approx(0.025)
