@@ -34,6 +34,7 @@ import shlex
 import statistics
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -166,7 +167,7 @@ def plot(runs: dict[str, list[dict[str, Any]]], title: str, png: Path) -> Path:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend()
-    ax.set_title(title, fontsize=9)
+    ax.set_title(textwrap.fill(title, 110), fontsize=8)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=120)
