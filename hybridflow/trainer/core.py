@@ -245,7 +245,7 @@ class PPOTrainer:
             *(group.shutdown for group in self.workers.owners),
             *(service.close for service in self.services),
             # a plain function stands for a reward manager in tests: nothing to close
-            *(fn.close for fn in reward_fns if callable(getattr(fn, "close", None))),
+            *(close for close in (getattr(fn, "close", None) for fn in reward_fns) if callable(close)),
         ]
         first_error: BaseException | None = None
         for step in steps:
