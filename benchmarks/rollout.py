@@ -124,23 +124,19 @@ def compare_greedy(hf_tokens: torch.Tensor, ours: torch.Tensor, eos_id: int) -> 
     return "identical" if not bool(differ.any()) else f"{int(differ.sum())} rows differ"
 
 
+def bench_config(args: argparse.Namespace, response_length: int) -> RolloutConfig:
+    """The rollout settings both measurements use: every response exactly ``response_length`` tokens."""
+    return replace(RolloutConfig(), response_length=response_length, do_sample=args.sample, temperature=1.0,
+                   top_k=-1, top_p=1.0, ignore_eos=True, seed=0)
+
+
 def run_case(args: argparse.Namespace, dtype: str, batch: int) -> dict:
     model, tokenizer = load_model_and_tokenizer(args.model, dtype=dtype)
     model.generation_config.temperature = None  # silence "do_sample=False with temperature" warnings
     model.generation_config.top_p = None
     model.generation_config.top_k = None
     prompts = build_prompts(tokenizer, batch)
-    config = replace(
-        RolloutConfig(),
-        response_length=args.new_tokens,
-        do_sample=args.sample,
-        temperature=1.0,
-        top_k=-1,
-        top_p=1.0,
-        ignore_eos=True,
-        seed=0,
-    )
-    rollout = TorchRollout(config, model, tokenizer, weight_format=args.weight_format)
+    rollout = TorchRollout(bench_config(args, args.new_tokens), model, tokenizer, weight_format=args.weight_format)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     time_ours(rollout, {k: v[:2] for k, v in prompts.items()})  # warm-up: packing, first-call costs
     hf = [math.inf, math.inf]  # best wall, best CPU seconds
@@ -234,17 +230,7 @@ def roofline_case(args: argparse.Namespace, dtype: str, batch: int, bandwidth: f
     prompts = build_prompts(tokenizer, batch)
     timings = {}
     for steps in (1, args.new_tokens):
-        config = replace(
-            RolloutConfig(),
-            response_length=steps,
-            do_sample=args.sample,
-            temperature=1.0,
-            top_k=-1,
-            top_p=1.0,
-            ignore_eos=True,
-            seed=0,
-        )
-        rollout = TorchRollout(config, model, tokenizer, weight_format=args.weight_format)
+        rollout = TorchRollout(bench_config(args, steps), model, tokenizer, weight_format=args.weight_format)
         time_ours(rollout, prompts)  # warm-up: packing, allocation
         timings[steps] = min(time_ours(rollout, prompts)[0].wall for _ in range(args.repeats))
     step_s = (timings[args.new_tokens] - timings[1]) / (args.new_tokens - 1)

@@ -225,13 +225,10 @@ class LeanDecoder:
         self._rope_tables: dict[str | None, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # ---- weights ---------------------------------------------------------------------------
-    def _projections(self) -> list[Projection]:
-        return [p for layer in self.layers for p in layer.projections()] + [self.lm_head]
-
     def projections(self) -> list[Projection]:
         """Every projection in the order a decode step runs them (``benchmarks/rollout.py`` times
         them alone: the step's matmul floor)."""
-        return self._projections()
+        return [p for layer in self.layers for p in layer.projections()] + [self.lm_head]
 
     def refresh_weights(self) -> int:
         """Re-pack stale projections (``packed`` format); returns how many were re-packed."""
@@ -242,10 +239,10 @@ class LeanDecoder:
                 for layer in self.layers:
                     layer.recast_norms(self.compute_dtype)
                 self.w_final = self.final_norm.weight.detach().to(self.compute_dtype)
-        return sum(p.refresh() for p in self._projections())
+        return sum(p.refresh() for p in self.projections())
 
     def invalidate_weights(self) -> None:
-        for p in self._projections():
+        for p in self.projections():
             p.invalidate()
 
     def release(self) -> None:

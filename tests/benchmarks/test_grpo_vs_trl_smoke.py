@@ -128,15 +128,20 @@ def test_summary_uses_timed_steps_only(bench):
     assert summary["median_rest_s"] == pytest.approx(2.5)  # rests: 1.0, 2.5, 2.5
 
 
-def test_learning_clock_schedule(bench):
-    clock = bench("common").LearningClock(budget_s=10.0, eval_every_s=4.0)
+def evaluations(clock, step_times: tuple[float, ...]) -> list[float]:
+    """Training seconds at which ``clock`` asks for an evaluation over steps of ``step_times``."""
     evaluated_at = []
-    for step_s in (3.0, 3.0, 3.0, 3.0):
+    for step_s in step_times:
         if clock.eval_due():
             evaluated_at.append(clock.train_s)
             clock.mark_evaluated()
         clock.add(step_s)
-    assert evaluated_at == [0.0, 6.0, 9.0]  # due at 0, then at ≥ 4, then at ≥ 8
+    return evaluated_at
+
+
+def test_learning_clock_schedule(bench):
+    clock = bench("common").LearningClock(budget_s=10.0, eval_every_s=4.0)
+    assert evaluations(clock, (3.0, 3.0, 3.0, 3.0)) == [0.0, 6.0, 9.0]  # due at 0, then at ≥ 4, then at ≥ 8
     assert clock.done() and clock.train_s == 12.0
 
 
@@ -162,13 +167,7 @@ def test_trl_reward_function_is_hybridflows_arithmetic_scorer(bench):
 
 def test_learning_clock_can_skip_the_evaluation_at_zero(bench):
     clock = bench("common").LearningClock(budget_s=10.0, eval_every_s=4.0, start_eval=False)
-    evaluated_at = []
-    for step_s in (3.0, 3.0, 3.0, 3.0):
-        if clock.eval_due():
-            evaluated_at.append(clock.train_s)
-            clock.mark_evaluated()
-        clock.add(step_s)
-    assert evaluated_at == [6.0, 9.0]
+    assert evaluations(clock, (3.0, 3.0, 3.0, 3.0)) == [6.0, 9.0]
 
 
 def test_held_out_accuracy_counts_solved_prompts_not_format_credit(bench):

@@ -96,6 +96,6 @@ def test_release_then_generate_again(tiny_llama, tokenizer, encode):
     first = _greedy(rollout, prompts).batch["responses"]
     rollout.release()
     assert rollout.decoder.cache is None
-    assert all(p.packed_bytes() == 0 for p in rollout.decoder._projections())
+    assert all(p.packed_bytes() == 0 for p in rollout.decoder.projections())
     rollout.resume()
     assert torch.equal(_greedy(rollout, prompts).batch["responses"], first)

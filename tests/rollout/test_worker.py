@@ -128,9 +128,9 @@ def test_sleep_frees_the_built_in_engines_packed_weights_and_cache(tiny_model_di
     rollout.init_model()
     decoder = rollout.rollout.decoder
     first = rollout.generate_sequences(_prompts(encode, seed=3)).data
-    assert decoder.cache is not None and all(p._packed_weight is not None for p in decoder._projections())
+    assert decoder.cache is not None and all(p._packed_weight is not None for p in decoder.projections())
     rollout.sleep()
-    assert decoder.cache is None and not any(p._packed_weight is not None for p in decoder._projections())
+    assert decoder.cache is None and not any(p._packed_weight is not None for p in decoder.projections())
     rollout.wake_up(["weights"])
     rollout.wake_up(["kv_cache"])
     assert decoder.cache is None  # nothing restored eagerly
