@@ -136,14 +136,25 @@ def write_json(path: str | os.PathLike, obj: Any) -> Path:
     return out
 
 
-def write_task(out_dir: Path, task: str, train_size: int, test_size: int, seed: int = 0,
-               extra_args: list[str] | None = None) -> Path:
+def write_task(
+    out_dir: Path, task: str, train_size: int, test_size: int, seed: int = 0, extra_args: list[str] | None = None
+) -> Path:
     """A built-in task (``hybridflow data TASK``) in ``out_dir``; returns the folder."""
     sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing
     from hybridflow.entrypoints.data import main as data_main
 
-    argv = [task, "--out", str(out_dir), "--train-size", str(train_size), "--test-size", str(test_size),
-            "--seed", str(seed), *(extra_args or [])]
+    argv = [
+        task,
+        "--out",
+        str(out_dir),
+        "--train-size",
+        str(train_size),
+        "--test-size",
+        str(test_size),
+        "--seed",
+        str(seed),
+        *(extra_args or []),
+    ]
     if data_main(argv) != 0:
         raise RuntimeError(f"hybridflow data {' '.join(argv)} failed")
     return out_dir
@@ -553,13 +564,13 @@ def main_job_task(work: Path, env: dict[str, str]) -> Path:
     return task
 
 
-def run_logged(cmd: list[str], log: Path, env: dict[str, str]) -> float:
-    """Run one CLI command of a pipeline benchmark with its output in ``log``; its wall time,
-    or RuntimeError with the log's tail."""
+def run_logged(cmd: list[str], log: Path, env: dict[str, str], cwd: Path | None = None) -> float:
+    """Run one CLI command of a pipeline benchmark (in ``cwd``) with its output in ``log``; its
+    wall time, or RuntimeError with the log's tail."""
     print(f"$ {' '.join(cmd)}", flush=True)
     start = time.perf_counter()
     with log.open("w") as out:
-        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
+        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd).returncode
     wall = time.perf_counter() - start
     if rc != 0:
         raise RuntimeError(f"exit code {rc} after {wall:.0f} s; last lines of {log}:\n{tail(log, 30)}")

@@ -130,7 +130,9 @@ class BatcherStats:
 
     forwards: int = 0
     prefills: int = 0
-    joins: int = 0  # prefills that re-ran rows already decoding, to let new requests in
+    joins: int = 0  # prefills that let new requests into a batch already decoding
+    recomputed_tokens: int = 0  # tokens of running rows re-run by joins (0 where the decoder splices caches)
+    reused_prefix_tokens: int = 0  # prompt tokens of joining requests copied from a cache row, not run
     requests_finished: int = 0
     requests_failed: int = 0  # failed alone (see ContinuousBatcher), not counting aborted batches
     requests_cancelled: int = 0
@@ -144,6 +146,8 @@ class BatcherStats:
             "forwards": self.forwards,
             "prefills": self.prefills,
             "joins": self.joins,
+            "recomputed_tokens": self.recomputed_tokens,
+            "reused_prefix_tokens": self.reused_prefix_tokens,
             "requests_finished": self.requests_finished,
             "requests_failed": self.requests_failed,
             "requests_cancelled": self.requests_cancelled,

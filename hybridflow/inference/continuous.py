@@ -7,8 +7,8 @@ own sampling settings and length, so :class:`ContinuousBatcher` drives the same 
 ``select_rows``) and the same token choice (:func:`~hybridflow.inference.sampling.sample_next`)
 one step at a time::
 
-    step():  waiting requests and room?  ──yes──▶ prefill every live row's full sequence
-                                                  (prompt ‖ tokens so far) + the new prompts
+    step():  waiting requests and room?  ──yes──▶ decode the running rows, prefill the new
+                                                  prompts, splice the two caches (see below)
                                         ──no───▶ decode one token for every cache row
              sample a token per live row (rows grouped by their sampling settings)
              rows that hit a stop token / stop check / their max_new_tokens finish
@@ -21,12 +21,20 @@ the exception in place of its outputs and the other requests go on. Only a faile
 went away, waiting or running. What a request and a response are (:class:`GenRequest`,
 :class:`SampleOutput`) lives in :mod:`hybridflow.inference.batcher_types`.
 
-Joining re-runs the prompt-and-response-so-far of the rows already running ("join by
-recompute"): the decoder's KV cache has one shared column per step and no operation that
-splices another cache into it, and a recompute is one batched forward, which on a CPU costs
-about as much as a few decode steps. A request that arrives while a batch decodes therefore
-waits at most one step, and a single request decodes exactly as ``generate`` does (prefill,
-then one decode step per token), so greedy output matches the sampler's token for token.
+Joining splices: the running rows decode their next token as in any step, the new prompts are
+prefilled into a cache of their own, and the decoder's ``join`` appends those rows to the
+running cache, both right-aligned at the longer length (keys carry their RoPE positions, and the
+validity mask moves with them). No running row is recomputed. A new prompt's longest prefix that
+a cache row has already run — an agent's next turn extends its last turn's row, the ``n``
+samples of a prompt and a shared system prompt repeat one another — is copied from that row
+instead of run (``stats.reused_prefix_tokens``); finished rows therefore stay in the cache until
+compaction drops them, as at any step. So an agent loop whose trajectories come back one by one
+from their tool calls pays, per new turn, the prefill of what that turn added.
+A decoder without ``join`` (the Hugging Face one, and so every image request) joins by
+recompute: one batched prefill of every live row's prompt-and-response-so-far (counted in
+``stats.recomputed_tokens``). Either way a request that arrives while a batch decodes waits at
+most one step, and a single request decodes exactly as ``generate`` does (prefill, then one
+decode step per token), so greedy output matches the sampler's token for token.
 
 Positions count real tokens only (``clamp(cumsum(mask) − 1, 0)``), as in the RL dataset, so a
 sequence gets the same positions whether it was prefilled once or re-prefilled after joining.
@@ -60,6 +68,7 @@ from hybridflow.inference.generation import Decoder
 from hybridflow.inference.sampling import GenerationParams, sample_next, token_log_probs
 
 _COMPACT_FRACTION = 4  # drop finished rows once they are ≥ 1/4 of the cache rows
+_MIN_REUSED_PREFIX = 16  # shorter prefixes are run again rather than copied from another row
 _FINISH_DROPPED = "dropped"  # a row of a failed or cancelled request (never reported to a client)
 
 
@@ -224,11 +233,14 @@ class ContinuousBatcher:
         Raises only when the forward itself fails; then every running request is lost (see
         :meth:`abort_running`).
         """
+        before = self._rows
         admitted, finished = self._admit()
-        if admitted:
+        if admitted and self._can_splice(before):
+            logits = self._splice(before)
+        elif admitted:
             logits = self._prefill(joined=any(not row.done and row.out.token_ids for row in self._rows))
         elif any(not row.done for row in self._rows):
-            logits = self._decode()
+            logits = self._decode(self._rows)
         else:
             return finished
         self._count_forward()
@@ -284,13 +296,45 @@ class ContinuousBatcher:
             return None  # wait for room rather than let a smaller request overtake it
         return index
 
-    def _prefill(self, joined: bool) -> torch.Tensor:
-        """Prefill every live row's full sequence (identical ones once); logits (rows, V)."""
-        sequences = [row.sequence() for row in self._rows]
+    def _can_splice(self, before: list[_Row]) -> bool:
+        """Whether new requests can join the running rows without recomputing them: the
+        decoder splices caches (``join``), some row is running, and no new row has images."""
+        running = any(not row.done for row in before)
+        new = self._rows[sum(not row.done for row in before) :]
+        text_only = all(row.request.prompt_positions is None for row in new)
+        return running and text_only and callable(getattr(self.decoder, "join", None))
+
+    def _splice(self, before: list[_Row]) -> torch.Tensor:
+        """Decode one token for the cache rows, then prefill the new prompts into cache rows
+        after theirs (``decoder.join``), each reusing the longest prefix a cache row has already
+        run. Finished rows stay until compaction drops them (an agent's next turn reuses its
+        last one). Logits (rows, V) in ``self._rows`` order."""
+        new = self._rows[sum(not row.done for row in before) :]
+        logits = self._decode(before)
+        ids, mask, which, firsts = self._distinct_sequences(new)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        prefixes = [_prefix_donor(before, row.sequence()) for row in firsts]
+        # This step's token is sampled from the logits, never fed back: remaining columns suffice.
+        extra = max(row.remaining() for row in new + before if not row.done)
+        join = self.decoder.join  # type: ignore[attr-defined]
+        new_logits, reused = join(ids, mask, positions, extra, prefixes)
+        if len(firsts) != len(which):
+            index = list(range(len(before))) + [len(before) + w for w in which]
+            self.decoder.select_rows(torch.tensor(index, dtype=torch.long, device=self.device))
+        self._rows = before + new
+        self.stats.prefills += 1
+        self.stats.joins += 1
+        self.stats.reused_prefix_tokens += reused
+        return torch.cat([logits, new_logits[torch.tensor(which, dtype=torch.long, device=self.device)]])
+
+    def _distinct_sequences(self, rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor, list[int], list[_Row]]:
+        """The distinct sequences of ``rows`` (prompt ‖ tokens so far; same images), left-padded:
+        ids and mask (U, width) on the device, each row's index among them, the first row of each."""
+        sequences = [row.sequence() for row in rows]
         unique: dict[tuple[Any, ...], int] = {}
-        firsts: list[_Row] = []  # the first row of each distinct sequence
+        firsts: list[_Row] = []
         which = []
-        for row, seq in zip(self._rows, sequences, strict=True):
+        for row, seq in zip(rows, sequences, strict=True):
             which.append(unique.setdefault((tuple(seq), id(row.request.images)), len(unique)))
             firsts += [row] if len(firsts) < len(unique) else []
         width = max(len(seq) for seq in sequences)
@@ -299,7 +343,12 @@ class ContinuousBatcher:
         for u, (seq, _) in enumerate(unique):
             ids[u, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
             mask[u, width - len(seq) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        return ids.to(self.device), mask.to(self.device), which, firsts
+
+    def _prefill(self, joined: bool) -> torch.Tensor:
+        """Prefill every live row's full sequence (identical ones once); logits (rows, V)."""
+        ids, mask, which, firsts = self._distinct_sequences(self._rows)
+        width = ids.shape[1]
         # The last sampled token is never fed back, so width + remaining − 1 columns suffice.
         max_len = width + max(row.remaining() for row in self._rows) - 1
         if any(row.request.prompt_positions is not None for row in firsts):
@@ -308,11 +357,12 @@ class ContinuousBatcher:
             positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
             logits = self.decoder.prefill(ids, mask, positions, max_len)
         fan_out = torch.tensor(which, dtype=torch.long, device=self.device)
-        if len(unique) != len(sequences):
+        if len(firsts) != len(which):
             self.decoder.select_rows(fan_out)
             logits = logits[fan_out]
         self.stats.prefills += 1
         self.stats.joins += int(joined)
+        self.stats.recomputed_tokens += sum(len(row.sequence()) for row in firsts if row.out.token_ids)
         return logits
 
     def _prefill_multimodal(
@@ -334,10 +384,10 @@ class ContinuousBatcher:
         images = concat_image_inputs([row.request.images for row in firsts], self.device)
         return prefill(ids, mask, positions.to(self.device), max_len, images)
 
-    def _decode(self) -> torch.Tensor:
+    def _decode(self, rows: list[_Row]) -> torch.Tensor:
         """Feed each row's last token (finished rows feed padding until they are dropped)."""
         tokens, positions = [], []
-        for row in self._rows:
+        for row in rows:
             tokens.append(row.out.token_ids[-1] if not row.done else self.pad_token_id)
             positions.append(len(row.request.prompt_ids) + len(row.out.token_ids) - 1 + row.request.position_shift())
         return self.decoder.decode(
@@ -430,6 +480,29 @@ class ContinuousBatcher:
             keep = [i for i, row in enumerate(self._rows) if not row.done]
             self.decoder.select_rows(torch.tensor(keep, dtype=torch.long, device=self.device))
             self._rows = [self._rows[i] for i in keep]
+
+
+def _prefix_donor(rows: list[_Row], sequence: list[int]) -> tuple[int | None, int]:
+    """The cache row that has already run the longest prefix of ``sequence``, and that
+    prefix's length; ``(None, 0)`` when none reaches ``_MIN_REUSED_PREFIX``. A finished row
+    never ran its last token; the sequence keeps at least its last token to run (its logits
+    come from it)."""
+    wanted = sequence[:-1]
+    best: tuple[int | None, int] = (None, 0)
+    for i, row in enumerate(rows):
+        ran = row.sequence()[: -1 if row.done else None]
+        length = _common_length(wanted, ran)
+        if length > best[1]:
+            best = (i, length)
+    return best if best[1] >= _MIN_REUSED_PREFIX else (None, 0)
+
+
+def _common_length(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 def _group_key(handle: int, request: GenRequest) -> tuple[str, int]:

@@ -69,6 +69,44 @@ class KVCache:
         self.key_pos = self.key_pos.index_select(0, index)
         self.no_padding = bool(self.key_valid.all())
 
+    def joined(self, other: KVCache, extra_columns: int) -> KVCache:
+        """A new cache holding this cache's rows, then ``other``'s, each right-aligned at the
+        longer one's written length, with ``extra_columns`` free columns after it.
+
+        Keys carry their RoPE positions and ``key_pos`` / ``key_valid`` move with them, so a
+        row's attention is unchanged by the shift; the left-padding columns are zeros marked
+        invalid (zeros, not garbage: a NaN there would survive the mask's −inf).
+        """
+        width = max(self.length, other.length)
+        layers, _, _, kv_heads, _, head_dim = self.data.shape
+        out = KVCache(
+            layers, self.rows + other.rows, kv_heads, width + extra_columns, head_dim, self.data.dtype, self.data.device
+        )
+        out.data[:, :, :, :, :width].zero_()
+        start = 0
+        for src in (self, other):
+            rows, shift = slice(start, start + src.rows), width - src.length
+            out.data[:, :, rows, :, shift:width] = src.data[:, :, :, :, : src.length]
+            out.key_valid[rows, shift:width] = src.key_valid[:, : src.length]
+            out.key_pos[rows, shift:width] = src.key_pos[:, : src.length]
+            start += src.rows
+        out.key_valid[:, width:] = True
+        out.length = width
+        out.no_padding = bool(out.key_valid.all())
+        return out
+
+    def prefix_columns(self, row: int, length: int) -> torch.Tensor | None:
+        """Keys and values of positions 0 … ``length`` − 1 of ``row``, in order,
+        ``(num_layers, 2, kv_heads, length, head_dim)``; None unless the row holds each of those
+        positions in exactly one valid column (a finished row's padding columns repeat a later
+        position, and a row can start past position 0)."""
+        columns = (self.key_valid[row, : self.length] & (self.key_pos[row, : self.length] < length)).nonzero()[:, 0]
+        if columns.numel() != length or not torch.equal(
+            self.key_pos[row, columns], torch.arange(length, device=self.key_pos.device)
+        ):
+            return None
+        return self.data[:, :, row].index_select(3, columns)
+
     def window_mask(self, positions: torch.Tensor, window: int, columns: int) -> torch.Tensor:
         """(rows, 1, 1, columns) bool: the first ``columns`` keys that a query at ``positions``
         (rows,) sees through a sliding ``window`` (HF's rule: q − k < window), valid ones only."""

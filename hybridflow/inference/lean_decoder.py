@@ -308,23 +308,100 @@ class LeanDecoder:
         prefix_positions = torch.arange(prefix, device=self.device)[None]
         prefix_valid = torch.ones_like(prefix_positions, dtype=torch.bool)
         self._prefill_block(cache, input_ids[:1, first : first + prefix], prefix_valid, prefix_positions, 0)
+        cache.key_valid[:, :prefix] = True
         # 2) each row's own tokens, left-padded to the longest, into the next columns
-        own = attention_mask.sum(dim=1) - prefix
+        lengths = torch.full((rows,), prefix, device=self.device)
+        return self._prefill_after_prefix(cache, input_ids, attention_mask, position_ids, lengths, prefix)
+
+    def _prefill_after_prefix(
+        self,
+        cache: KVCache,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        prefix_lengths: torch.Tensor,
+        start: int,
+    ) -> torch.Tensor:
+        """Each row's tokens after its first ``prefix_lengths[i]``, which cache columns < ``start``
+        already hold (right-aligned, ``key_valid``/``key_pos`` set), left-padded to the longest,
+        into the next columns; the float32 logits of each row's last token."""
+        plen = input_ids.shape[1]
+        own = attention_mask.sum(dim=1) - prefix_lengths
         width = int(own.max())
         valid = torch.arange(width, device=self.device)[None] >= (width - own)[:, None]
-        x = self._prefill_block(cache, input_ids[:, plen - width :], valid, position_ids[:, plen - width :], prefix)
-        cache.set_prompt_mask(torch.cat([prefix_valid.expand(rows, prefix), valid], dim=1))
-        cache.length = prefix + width
+        x = self._prefill_block(cache, input_ids[:, plen - width :], valid, position_ids[:, plen - width :], start)
+        cache.set_prompt_mask(torch.cat([cache.key_valid[:, :start], valid], dim=1))
+        cache.length = start + width
         return self._logits(x[:, -1])
+
+    def join(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        extra_columns: int,
+        prefixes: list[tuple[int | None, int]] | None = None,
+    ) -> tuple[torch.Tensor, int]:
+        """Prefill new prompts (B, P), left-padded, as cache rows after the running ones.
+
+        The running rows keep their keys and values (no recompute); both sets are right-aligned
+        at the longer written length (:meth:`KVCache.joined`) with ``extra_columns`` free columns
+        for the decode steps to come. ``prefixes[i] = (row, k)``: new prompt i starts with the
+        first ``k`` tokens that cache row ``row`` has already run (an agent's earlier turn, or a
+        system prompt another trajectory shares), so their keys and values are copied from that
+        row and only the rest of the prompt runs. A prefix is not copied with HF's numerics
+        (shared fp32 weights), which a copy would break, nor when the row does not hold exactly
+        those positions. Returns the float32 logits of the new rows' last prompt position,
+        (B, V), and the number of prompt tokens copied instead of run.
+        """
+        running = self.cache
+        if running is None:
+            raise RuntimeError("join() before prefill()")
+        copies = [
+            running.prefix_columns(row, k) if row is not None and k > 0 and not self.hf_numerics else None
+            for row, k in (prefixes or [(None, 0)] * len(input_ids))
+        ]
+        lengths = [0 if kv is None else kv.shape[3] for kv in copies]
+        start = max(lengths)
+        if start == 0:
+            logits = self.prefill(input_ids, attention_mask, position_ids, input_ids.shape[1])
+            fresh = self.cache
+        else:
+            self.refresh_weights()
+            lengths_t = torch.tensor(lengths, device=self.device)
+            width = int((attention_mask.sum(dim=1) - lengths_t).max())
+            fresh = KVCache(
+                len(self.layers),
+                len(input_ids),
+                self.kv_heads,
+                start + width,
+                self.head_dim,
+                self.cache_dtype,
+                self.device,
+            )
+            fresh.data[:, :, :, :, :start].zero_()  # the left padding of shorter prefixes
+            for i, kv in enumerate(copies):
+                if kv is not None:
+                    k = kv.shape[3]
+                    fresh.data[:, :, i, :, start - k : start] = kv
+                    fresh.key_pos[i, start - k : start] = torch.arange(k, device=self.device)
+                    fresh.key_valid[i, start - k : start] = True
+            logits = self._prefill_after_prefix(fresh, input_ids, attention_mask, position_ids, lengths_t, start)
+        if fresh is None:
+            raise RuntimeError("join(): the new rows' prefill left no cache")
+        self._size_rope_table(int(position_ids.max()) + 1 + extra_columns)
+        self.cache = running.joined(fresh, extra_columns)
+        return logits, sum(lengths)
 
     def _prefill_block(
         self, cache: KVCache, input_ids: torch.Tensor, valid: torch.Tensor, position_ids: torch.Tensor, start: int
     ) -> torch.Tensor:
         """Run tokens (b, n) into cache columns ``start`` … ``start + n − 1``; hidden states out.
 
-        Each token attends to columns < ``start`` (already filled, all valid) and causally to the
-        valid tokens of its own block; in a sliding-window layer only to keys less than the
-        window behind it in position. ``b`` = 1 fills the columns of every cache row.
+        Each token attends to the valid columns < ``start`` (already filled, their ``key_valid``
+        and ``key_pos`` set) and causally to the valid tokens of its own block; in a
+        sliding-window layer only to keys less than the window behind it in position. ``b`` = 1
+        fills the columns of every cache row.
         """
         n = input_ids.shape[1]
         causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
@@ -332,9 +409,8 @@ class LeanDecoder:
         mask = (causal & valid[:, None, :]) | torch.eye(n, dtype=torch.bool, device=self.device)
         key_pos = position_ids
         if start:
-            mask = torch.cat([mask.new_ones(mask.shape[0], n, start), mask], dim=2)
-            prefix_pos = torch.arange(start, device=self.device)[None].expand(position_ids.shape[0], start)
-            key_pos = torch.cat([prefix_pos, position_ids], dim=1)
+            mask = torch.cat([cache.key_valid[:, None, :start].expand(-1, n, -1), mask], dim=2)
+            key_pos = torch.cat([cache.key_pos[:, :start], position_ids], dim=1)
         cache.key_pos[:, start : start + n] = position_ids
         masks: dict[int | None, torch.Tensor] = {None: mask[:, None]}
         for window in self._windows():

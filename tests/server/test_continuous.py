@@ -133,8 +133,10 @@ def test_stop_tokens_end_a_response_unless_ignore_eos():
     stop = full[2]
     first_stop = full.index(stop)
     batcher = ContinuousBatcher(ChainDecoder(), PAD)
-    requests = [GenRequest(prompt, greedy(6, stops=(stop,))),
-                GenRequest(prompt, greedy(6, stops=(stop,), ignore_eos=True))]
+    requests = [
+        GenRequest(prompt, greedy(6, stops=(stop,))),
+        GenRequest(prompt, greedy(6, stops=(stop,), ignore_eos=True)),
+    ]
     stopped, ignored = run_all(batcher, {0: requests}).values()
     assert stopped[0].token_ids == full[: first_stop + 1]  # the stop token is kept
     assert stopped[0].finish_reason == "stop"
@@ -258,13 +260,15 @@ class PoisonDecoder(ChainDecoder):
         return logits
 
 
-@pytest.mark.parametrize("params", [greedy(4), GenerationParams(max_new_tokens=4, temperature=1.0)],
-                         ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "params", [greedy(4), GenerationParams(max_new_tokens=4, temperature=1.0)], ids=["greedy", "sampled"]
+)
 def test_non_finite_logits_fail_only_the_request_they_belong_to(params):
     # Same settings and the batcher's shared generator: the three rows are sampled as one group.
     batcher = ContinuousBatcher(PoisonDecoder(), PAD, generator=torch.Generator().manual_seed(0))
-    before, broken, after = run_all(batcher, {0: [GenRequest((5,), params), GenRequest((POISON,), params),
-                                                  GenRequest((6, 7), params)]}).values()
+    before, broken, after = run_all(
+        batcher, {0: [GenRequest((5,), params), GenRequest((POISON,), params), GenRequest((6, 7), params)]}
+    ).values()
     assert isinstance(broken, NonFiniteLogitsError)
     assert "non-finite logits" in str(broken) and "the model is broken" in str(broken)
     assert [len(before[0].token_ids), len(after[0].token_ids)] == [4, 4]
@@ -278,8 +282,9 @@ def test_a_stop_check_that_raises_fails_only_its_request():
         raise RuntimeError("boom")
 
     batcher = ContinuousBatcher(ChainDecoder(), PAD)
-    failed, fine = run_all(batcher, {0: [GenRequest((4,), greedy(5, n=2), stop_check=explode),
-                                         GenRequest((5,), greedy(5))]}).values()
+    failed, fine = run_all(
+        batcher, {0: [GenRequest((4,), greedy(5, n=2), stop_check=explode), GenRequest((5,), greedy(5))]}
+    ).values()
     assert isinstance(failed, RuntimeError) and str(failed) == "boom"
     assert fine[0].token_ids == expected([5], 5)
     assert batcher.stats.requests_failed == 1
@@ -331,8 +336,10 @@ def test_joined_greedy_output_equals_the_sampler_run_alone(tiny):
     params = greedy(12, stops=(tokenizer.eos_token_id,))
     prompts = [_ids(tokenizer, t) for t in ("What is 7 + 5?", "Hi", "The quick brown fox jumps over")]
     batcher = ContinuousBatcher(decoder, tokenizer.pad_token_id)
-    results = run_all(batcher, {0: [GenRequest(prompts[0], params)], 2: [GenRequest(prompts[1], params)],
-                                5: [GenRequest(prompts[2], params)]})
+    results = run_all(
+        batcher,
+        {0: [GenRequest(prompts[0], params)], 2: [GenRequest(prompts[1], params)], 5: [GenRequest(prompts[2], params)]},
+    )
     assert [r[0].token_ids for r in results.values()] == [_alone(decoder, p, params) for p in prompts]
     assert batcher.stats.joins == 2 and max(batcher.stats.forward_requests) == 3
 
@@ -354,3 +361,91 @@ def test_top_logprobs_list_the_greedy_token_first_with_its_logprob(tiny):
     for token, logprob, top in zip(out[0].token_ids, out[0].logprobs, out[0].top_logprobs, strict=True):
         assert len(top) == 3 and top[0] == (token, logprob)
         assert top[0][1] >= top[1][1] >= top[2][1]
+
+
+def test_joins_splice_the_cache_without_recomputing_running_rows(tiny):
+    """A 2-sample request joins while 4 rows decode and a finished row still sits in the cache
+    (it stays until compaction): the running rows are not re-run (no recomputed tokens), every
+    row's greedy tokens are the sampler's alone, and the log-probs agree with the lone runs to
+    float rounding."""
+    model, tokenizer, decoder = tiny
+    long, short, late = (_ids(tokenizer, t) for t in ("The quick brown fox jumps over", "Hi", "What is 7 + 5?"))
+    batcher = ContinuousBatcher(decoder, tokenizer.pad_token_id)
+    results = run_all(
+        batcher,
+        {0: [GenRequest(long, greedy(12, n=4)), GenRequest(short, greedy(2))], 4: [GenRequest(late, greedy(9, n=2))]},
+    )
+    outs = list(results.values())
+    assert batcher.stats.joins == 1 and batcher.stats.recomputed_tokens == 0
+    # 5 rows until the join, then 2 more: the short request's finished row stays (1/7 < 1/4)
+    assert batcher.stats.forward_rows[5] == 4 and max(batcher.stats.forward_rows) == 7
+    for prompt, max_new, rows in ((long, 12, outs[0]), (short, 2, outs[1]), (late, 9, outs[2])):
+        ids = torch.tensor([prompt])
+        mask = torch.ones_like(ids)
+        alone = generate(decoder, ids, mask, mask.cumsum(1) - 1, greedy(max_new), PAD)
+        expected = alone.responses[0, : alone.lengths[0]].tolist()
+        for row in rows:
+            assert row.token_ids == expected
+            assert torch.allclose(torch.tensor(row.logprobs), alone.log_probs[0, : alone.lengths[0]], atol=1e-5)
+
+
+def test_a_decoder_without_join_recomputes_the_running_rows(tiny):
+    model, tokenizer, _ = tiny
+    hf = build_decoder(model, decoder="hf")
+    params = greedy(8)
+    prompts = [_ids(tokenizer, t) for t in ("What is 7 + 5?", "Hi")]
+    batcher = ContinuousBatcher(hf, tokenizer.pad_token_id)
+    results = run_all(batcher, {0: [GenRequest(prompts[0], params)], 3: [GenRequest(prompts[1], params)]})
+    assert [r[0].token_ids for r in results.values()] == [_alone(hf, p, params) for p in prompts]
+    # the running row had its prompt and 3 tokens when the second request joined
+    assert batcher.stats.joins == 1 and batcher.stats.recomputed_tokens == len(prompts[0]) + 3
+
+
+SYSTEM = "You are a careful assistant. Answer briefly and show the arithmetic you did step by step. "
+
+
+@pytest.mark.parametrize(("weights", "together"), [("packed", False), ("shared", False), ("packed", True)])
+def test_a_joining_prompt_reuses_the_prefix_a_cache_row_already_ran(weights, together):
+    """Two requests share a long system prompt; a third continues the first one's finished
+    conversation (an agent's next turn) while 4 other rows decode. Each joining request copies
+    its prefix from a cache row instead of running it (with packed weights; shared fp32 weights
+    keep HF's numerics and run it), and every greedy output is the request's lone run's.
+    ``together``: both join in one step, with prefixes of different lengths from different rows."""
+    tokenizer = build_tiny_tokenizer()
+    decoder = build_decoder(build_tiny_model(tokenizer), weight_format=weights)
+    first, other = _ids(tokenizer, SYSTEM + "What is 7 + 5?"), _ids(tokenizer, SYSTEM + "Spell cat backwards.")
+    late = _ids(tokenizer, SYSTEM + "Name a colour.")
+    assert len(first) > 40 and _common(late, other) >= 16
+    batcher = ContinuousBatcher(decoder, tokenizer.pad_token_id)
+    h_first = batcher.submit(GenRequest(first, greedy(3, ignore_eos=True)))
+    batcher.submit(GenRequest(other, greedy(20, n=4, ignore_eos=True)))
+    done: dict = {}
+    while h_first not in done:
+        done.update(dict(batcher.step()))
+    assert batcher.num_running == 1  # the other request's 4 rows decode; the finished row stays (1/5 < 1/4)
+    turn2 = first + tuple(done[h_first][0].token_ids) + _ids(tokenizer, " The tool says 12.")
+    h_turn2 = batcher.submit(GenRequest(turn2, greedy(6, ignore_eos=True)))
+    if not together:
+        done.update(dict(batcher.step()))
+    h_late = batcher.submit(GenRequest(late, greedy(5, ignore_eos=True)))
+    while not batcher.idle:
+        done.update(dict(batcher.step()))
+    # turn 2 copies what the finished row ran (its prompt and 2 of its 3 tokens); the late
+    # request copies the system prompt from a row that shares it
+    late_donor = max(_common(late, other), _common(late, first if together else turn2))
+    copied = {"packed": len(first) + 2 + late_donor, "shared": 0}[weights]
+    assert batcher.stats.joins == (1 if together else 2) and batcher.stats.reused_prefix_tokens == copied
+    for prompt, handle, n in ((turn2, h_turn2, 6), (late, h_late, 5)):
+        ids = torch.tensor([prompt])
+        mask = torch.ones_like(ids)
+        alone = generate(decoder, ids, mask, mask.cumsum(1) - 1, greedy(n, ignore_eos=True), PAD)
+        out = done[handle][0]
+        assert out.token_ids == alone.responses[0].tolist()
+        assert torch.allclose(torch.tensor(out.logprobs), alone.log_probs[0], atol=1e-5)
+
+
+def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
