@@ -48,6 +48,7 @@ are one object too (the ``n`` rows of one request).
 
 from __future__ import annotations
 
+import os
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -313,7 +314,8 @@ class ContinuousBatcher:
         logits = self._decode(before)
         ids, mask, which, firsts = self._distinct_sequences(new)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        prefixes = [_prefix_donor(before, row.sequence()) for row in firsts]
+        ran = [row.sequence()[: -1 if row.done else None] for row in before]  # a finished row never fed its last token
+        prefixes = [_prefix_donor(ran, row.sequence()) for row in firsts]
         # This step's token is sampled from the logits, never fed back: remaining columns suffice.
         extra = max(row.remaining() for row in new + before if not row.done)
         join = self.decoder.join  # type: ignore[attr-defined]
@@ -482,27 +484,17 @@ class ContinuousBatcher:
             self._rows = [self._rows[i] for i in keep]
 
 
-def _prefix_donor(rows: list[_Row], sequence: list[int]) -> tuple[int | None, int]:
-    """The cache row that has already run the longest prefix of ``sequence``, and that
-    prefix's length; ``(None, 0)`` when none reaches ``_MIN_REUSED_PREFIX``. A finished row
-    never ran its last token; the sequence keeps at least its last token to run (its logits
-    come from it)."""
+def _prefix_donor(ran: list[list[int]], sequence: list[int]) -> tuple[int | None, int]:
+    """The cache row whose run tokens (``ran``, one list per row) cover the longest prefix of
+    ``sequence``, and that prefix's length; ``(None, 0)`` when none reaches
+    ``_MIN_REUSED_PREFIX``. The sequence keeps at least its last token to run (its logits come
+    from it)."""
     wanted = sequence[:-1]
-    best: tuple[int | None, int] = (None, 0)
-    for i, row in enumerate(rows):
-        ran = row.sequence()[: -1 if row.done else None]
-        length = _common_length(wanted, ran)
-        if length > best[1]:
-            best = (i, length)
-    return best if best[1] >= _MIN_REUSED_PREFIX else (None, 0)
-
-
-def _common_length(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    lengths = [len(os.path.commonprefix([wanted, tokens])) for tokens in ran]
+    best = max(range(len(ran)), key=lengths.__getitem__, default=None)
+    if best is None or lengths[best] < _MIN_REUSED_PREFIX:
+        return None, 0
+    return best, lengths[best]
 
 
 def _group_key(handle: int, request: GenRequest) -> tuple[str, int]:
